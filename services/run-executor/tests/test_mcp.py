@@ -276,6 +276,51 @@ async def test_a_deny_of_a_tool_the_server_does_not_list_is_only_logged(
     assert warned["tool"] == "notes__delete_note"
 
 
+@pytest.mark.parametrize(
+    ("deny", "meant"),
+    [
+        ("delete_note", "notes__delete_note"),  # the code review's: the `notes__` prefix forgotten
+        ("note__delete_note", "notes__delete_note"),  # a server the card does not have
+        ("delete_*", "notes__delete_*"),  # a pattern under no server's prefix
+    ],
+)
+def test_a_deny_entry_under_no_server_s_prefix_stops_the_start_saying_what_it_meant(
+    tmp_path: Path, deny: str, meant: str
+) -> None:
+    """``allow: [notes__*], deny: [delete_note]``: the deny names no tool and never could (the server's tools are all
+    ``notes__...``), so ``notes__delete_note`` would be allowed. The start stops, naming the file, the agent, the entry
+    and what it could have meant (a ``deny`` under the server's prefix that it does not list is only logged:
+    :func:`test_a_deny_of_a_tool_the_server_does_not_list_is_only_logged`)."""
+    path = _agents_file(tmp_path, SERVER.args)
+    path.write_text(
+        path.read_text(encoding="utf-8").replace(
+            '"allow": ["notes__read_note"]', f'"allow": ["notes__*"], "deny": ["{deny}"]'
+        ),
+        "utf-8",
+    )
+    with pytest.raises(ConfigError) as info:
+        configure(Settings(agents_file=path))
+    message = str(info.value)
+    assert message.startswith(f"{path}: agent reviewer: tools ")
+    assert message.endswith(
+        f"; {deny!r} in tools.deny denies nothing, so the tool it was meant to deny would be allowed: "
+        f"did you mean {meant}?"
+    )
+
+
+def test_an_unknown_built_in_name_stops_the_start_with_the_closest_one(tmp_path: Path) -> None:
+    path = _agents_file(tmp_path, SERVER.args)
+    path.write_text(
+        path.read_text(encoding="utf-8").replace(
+            '"allow": ["notes__read_note"]', '"allow": ["notes__*"], "deny": ["ask_humn"]'
+        ),
+        "utf-8",
+    )
+    with pytest.raises(ConfigError, match=r"agent reviewer: tools names unknown tools \['ask_humn'\]") as info:
+        configure(Settings(agents_file=path))
+    assert str(info.value).endswith("did you mean ask_human or notes__ask_humn?")
+
+
 async def test_the_service_still_refuses_a_tool_name_a_listed_server_does_not_have(
     nats_settings: NatsSettings, tmp_path: Path
 ) -> None:

@@ -11,6 +11,7 @@ are driven no longer walk it (bench/README.md, ``parked_runs.py``).
 from __future__ import annotations
 
 import asyncio
+import difflib
 import gc
 from collections.abc import Callable
 from pathlib import Path
@@ -50,7 +51,7 @@ def configure(settings: Settings) -> Setup[Settings]:
         if unknown:
             raise ConfigError(
                 f"{settings.agents_file}: agent {card.id}: tools names unknown tools {unknown} "
-                f"(known: {', '.join(tools.names())})"
+                f"(known: {', '.join(tools.names())}){_hints(card, unknown, tools.names())}"
             )
         # a pattern no built-in tool matches and no server of the card could list a match for (`gh__*`, no `gh`)
         never = tools.unmatched(card.tools, servers)
@@ -60,6 +61,7 @@ def configure(settings: Settings) -> Setup[Settings]:
                 f"{settings.agents_file}: agent {card.id}: tools patterns {never} can match no tool: no built-in "
                 f"tool matches them and the card has no MCP server whose tools (named <server>__<tool>) they "
                 f"could match (its mcp_servers: {named}; built-in tools: {', '.join(tools.names())})"
+                f"{_hints(card, never, tools.names())}"
             )
     log.info("agents.loaded", agents=len(agents), file=str(settings.agents_file))
     try:  # the cards' API, on the probe port when there is one
@@ -115,6 +117,35 @@ def configure(settings: Settings) -> Setup[Settings]:
     return setup
 
 
+def _meant(card: AgentCard, entry: str, names: list[str]) -> list[str]:
+    """What a ``tools`` entry that names no tool could have meant: the closest of ``names`` (``ask_humn`` ->
+    ``ask_human``), then the entry under each of the card's MCP servers' prefixes (``delete_note`` ->
+    ``notes__delete_note``) or under the server whose name is closest to the one it gives (``note__delete_note`` ->
+    ``notes__delete_note``)."""
+    meant = difflib.get_close_matches(entry, names, n=1)
+    servers = [server.name for server in card.mcp_servers]
+    server, sep, rest = entry.partition("__")
+    if sep:
+        meant += [f"{match}__{rest}" for match in difflib.get_close_matches(server, servers, n=1)]
+    else:
+        meant += [f"{name}__{entry}" for name in servers]
+    return list(dict.fromkeys(meant))
+
+
+def _hints(card: AgentCard, entries: list[str], names: list[str]) -> str:
+    """For each of ``entries`` that names no tool (:func:`_meant`): where it is, what a deny of it does, and what
+    it could have meant; ``""`` when there is nothing to say."""
+    hints = []
+    for entry in entries:
+        where = "tools.deny" if entry in card.tools.deny and entry not in card.tools.allow else "tools.allow"
+        hint = f"{entry!r} in {where}"
+        if where == "tools.deny":
+            hint += " denies nothing, so the tool it was meant to deny would be allowed"
+        meant = _meant(card, entry, names)
+        hints.append(f"{hint}: did you mean {' or '.join(meant)}?" if meant else hint)
+    return "".join(f"; {hint}" for hint in hints)
+
+
 def _mcp_tool_prefixes(card: AgentCard) -> tuple[str, ...]:
     """The name prefix of each MCP server's tools on ``card`` (none: the mcp SDK is not imported)."""
     if not card.mcp_servers:
@@ -134,9 +165,11 @@ async def _mcp_card_tools(
     tools that the card names exactly get stand-ins whose calls fail (``tool.failed``, saying why), ``/readyz`` says
     the executor is not ready while any server is unlisted, and each is listed again with a backoff until its tools
     replace the stand-ins. A plain name in ``tools.allow`` that a *listed* server does not have still stops it (exit
-    2: the file, the agent, the names and what the servers list); one in ``tools.deny`` is only logged
-    (``agents.denied_tool_not_listed``: it denies nothing), and so is a pattern that matches none of the listed
-    tools (``agents.tool_pattern_matches_nothing``)."""
+    2: the file, the agent, the names and what the servers list); one in ``tools.deny`` under a server's prefix
+    (``notes__delete_note``) is only logged (``agents.denied_tool_not_listed``: it denies nothing now, and the tool
+    if a later version of the server adds it), and so is a pattern that matches none of the listed tools
+    (``agents.tool_pattern_matches_nothing``). A ``deny`` name under no server's prefix (``delete_note``) never gets
+    here: :func:`configure` refuses it (it could never deny anything, so the tool it was meant to deny is allowed)."""
     from temporality_run_executor.mcp_servers import (
         CardTools,
         McpPool,

@@ -11,11 +11,13 @@ default). So every item that enters the conversation is bounded here, before it 
   arguments kept as a short head of their text;
 * the **text beside tool calls** over :data:`MAX_ITEM_BYTES` is cut, with a marker saying so;
 * a **tool's result** over :data:`MAX_ITEM_BYTES` is cut, with a marker telling the model how much was dropped;
-* the **final reply** (the run's result) over :data:`MAX_RESULT_BYTES` is cut, with a marker saying so (the run
-  completes; ``run.completed`` carries at most its first 16,384 characters, as before).
+* the **final reply** (the run's result) over :func:`result_limit` -- a quarter of the server's ``max_payload``
+  (the rest of the run record keeps the other three quarters), at most :data:`MAX_RESULT_BYTES` -- is cut, with a
+  marker saying so (the run completes; ``run.completed`` carries at most its first 16,384 characters, as before).
 
 What still does not fit -- a conversation grown past ``max_payload`` over many turns -- fails the run with reason
-``conversation_too_large`` (:mod:`.engine`), naming both sizes, instead of dead-lettering its message.
+``conversation_too_large`` (:mod:`.engine`), naming both sizes, instead of dead-lettering its message; so does a run
+record that would not fit even so.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ __all__ = [
     "bounded_result",
     "bounded_tool_result",
     "cut",
+    "result_limit",
 ]
 
 #: The longest tool name a call may give (a card's tools are named far shorter: OpenAI's limit is 64).
@@ -45,7 +48,8 @@ KEPT_NAME_CHARS = 64
 MAX_ARGUMENTS_BYTES = 64 * 1024
 #: A tool's result, or the text a reply gives beside its tool calls (UTF-8 bytes).
 MAX_ITEM_BYTES = 64 * 1024
-#: The run's result: its final reply (UTF-8 bytes).
+#: The run's result: its final reply (UTF-8 bytes), at most; less on a server with a smaller ``max_payload``
+#: (:func:`result_limit`).
 MAX_RESULT_BYTES = 256 * 1024
 #: How much of oversized arguments is kept in the conversation (so the model sees what it sent).
 _ARGUMENTS_HEAD = 512
@@ -75,13 +79,22 @@ def bounded_tool_result(content: str) -> str:
     return cut(content, MAX_ITEM_BYTES - len(marker.encode("utf-8"))) + marker
 
 
-def bounded_result(content: str) -> str:
-    """The run's result (its final reply) as the run keeps it: cut to :data:`MAX_RESULT_BYTES`, marked."""
-    size = _size(content, MAX_RESULT_BYTES)
-    if size <= MAX_RESULT_BYTES:
+def result_limit(max_payload: int) -> int:
+    """The most a run's result may be on a bus whose messages carry at most ``max_payload`` bytes: a quarter of it
+    (the run record holding the result also holds its usage, its lease, its error and more, and the result is JSON
+    text there, where a character may take more bytes: escaped), at most :data:`MAX_RESULT_BYTES` (64 KiB on a
+    256 KiB server, 256 KiB on the default 1 MB one)."""
+    return min(MAX_RESULT_BYTES, max_payload // 4)
+
+
+def bounded_result(content: str, limit: int = MAX_RESULT_BYTES) -> str:
+    """The run's result (its final reply) as the run keeps it: cut to ``limit`` bytes (:func:`result_limit`),
+    marked."""
+    size = _size(content, limit)
+    if size <= limit:
         return content
-    marker = f"\n\n[cut by Temporality: the final reply was {size} bytes; its first {MAX_RESULT_BYTES} are kept]"
-    return cut(content, MAX_RESULT_BYTES - len(marker.encode("utf-8"))) + marker
+    marker = f"\n\n[cut by Temporality: the final reply was {size} bytes; its first {limit} are kept]"
+    return cut(content, limit - len(marker.encode("utf-8"))) + marker
 
 
 def _bounded_text(content: str | None) -> str | None:

@@ -142,10 +142,11 @@ from temporality_protocol.agent_tasks import turn_wait_id
 from temporality_protocol.catalog import BUCKET_CANCEL_MARKERS, BUCKET_CHECKPOINTS, BUCKET_RUNS
 from temporality_protocol.redaction import Redactor
 from temporality_run_executor.agents import AgentCard, AgentDirectory
-from temporality_run_executor.bounds import bounded_tool_result, cut
+from temporality_run_executor.bounds import bounded_tool_result, cut, result_limit
 from temporality_run_executor.external import ExternalAgents
 from temporality_run_executor.machine import (
     ACTIVE,
+    CONVERSATION_TOO_LARGE,
     AdoptCancelMarker,
     Agent,
     AgentActed,
@@ -221,7 +222,7 @@ from temporality_run_executor.machine import (
     with_reply,
 )
 from temporality_run_executor.providers import BudgetSpent, PermanentProviderError, Provider, ProviderError
-from temporality_run_executor.records import CancelRequest, Checkpoint, RunRecord, Usage
+from temporality_run_executor.records import CancelRequest, Checkpoint, Ending, RunRecord, Usage
 from temporality_run_executor.retention import DEFAULT_RETENTION_S, CheckpointRetention, RetentionPayload
 from temporality_run_executor.sampling import RunSampler
 from temporality_run_executor.tools import (
@@ -467,7 +468,12 @@ class Engine:
         known = self._agents.get(name)
         if known is not None and known[0] is self.agents and known[1].card is card:
             return known[1]
-        agent = Agent(card, self.registry(card), hosted=frozenset(c.id for c in self.agents.cards()))
+        agent = Agent(
+            card,
+            self.registry(card),
+            hosted=frozenset(c.id for c in self.agents.cards()),
+            result_bytes=result_limit(self.bus.nc.max_payload),  # the record holding it must fit on the bus
+        )
         self._agents[name] = (self.agents, agent)
         return agent
 
@@ -786,10 +792,16 @@ class Engine:
             if isinstance(effects[i], _RUN_CHANGES):
                 while j < len(effects) and isinstance(effects[j], _RUN_CHANGES):
                     j += 1
-                if view.run_unverified:
-                    await self._verified_change(view, effects[i:j])
-                else:
-                    await self._change_run(view, effects[i:j])
+                try:
+                    if view.run_unverified:
+                        await self._verified_change(view, effects[i:j])
+                    else:
+                        await self._change_run(view, effects[i:j])
+                except (PermanentError, nats.errors.MaxPayloadError) as exc:
+                    too_large = self._record_too_large(effects[i:j], exc)
+                    if too_large is None:
+                        raise
+                    return too_large  # the run fails, saying so (as a state write too large, below)
             elif view.run_unverified:
                 raise _Unverified  # a write before the record's: decided on the record as it is
             else:
@@ -857,6 +869,21 @@ class Engine:
         what: Literal["conversation", "reply"] = "reply" if isinstance(effect, KeepReply) else "conversation"
         log.error("run.too_large", what=what, size=size, max_payload=self.bus.nc.max_payload)
         return TooLarge(what=what, size=size, limit=self.bus.nc.max_payload, checkpoint=saved)
+
+    def _record_too_large(self, effects: Sequence[Effect], error: Exception) -> TooLarge | None:
+        """What a change of the run record that the bus refused as larger than its ``max_payload`` means: the run
+        fails ``conversation_too_large`` -- unless that failure is what did not fit (then ``None``: the error
+        stands, as for any other write)."""
+        found = _OVERSIZE.search(str(error))
+        if found is None and not isinstance(error, nats.errors.MaxPayloadError):
+            return None
+        for effect in effects:
+            ending = effect.changes.get("ending") if isinstance(effect, Transition) else None
+            if isinstance(ending, Ending) and ending.reason == CONVERSATION_TOO_LARGE:
+                return None
+        size = int(found[1]) if found is not None else 0
+        log.error("run.too_large", what="record", size=size, max_payload=self.bus.nc.max_payload)
+        return TooLarge(what="record", size=size, limit=self.bus.nc.max_payload)
 
     @staticmethod
     def _overlaps(view: _View, effect: Effect) -> bool:

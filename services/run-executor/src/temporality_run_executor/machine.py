@@ -134,7 +134,7 @@ from temporality_protocol import (
 from temporality_protocol.agent_tasks import external_call_id, handoff_ids, task_id_for, turn_wait_id
 from temporality_protocol.redaction import Redactor
 from temporality_run_executor.agents import AgentCard, Limits, prompt_digest, sandbox_summary
-from temporality_run_executor.bounds import bounded_reply, bounded_result
+from temporality_run_executor.bounds import MAX_RESULT_BYTES, bounded_reply, bounded_result
 from temporality_run_executor.elicitation import MAX_REFUSED, form_problem, read, read_url, render, render_url
 from temporality_run_executor.providers.base import AssistantTurn, ToolSpec, TurnContext
 from temporality_run_executor.records import (
@@ -325,6 +325,9 @@ class Agent:
     #: The ids of the agent cards this executor knows (hosted and external): the targets ``handoff_to_agent``
     #: accepts (AP-6).
     hosted: frozenset[str] = frozenset()
+    #: The most its runs' result (the final reply) may be, in bytes; longer is cut (:func:`~.bounds.result_limit`
+    #: of the bus's ``max_payload``).
+    result_bytes: int = MAX_RESULT_BYTES
 
     def offered(self) -> list[Tool]:
         return self.tools.offered(self.card.tools)
@@ -667,9 +670,10 @@ class DeadLettered:
 @dataclass(frozen=True)
 class TooLarge:
     """A write of the run's state would not fit in one bus message (the NATS server's ``max_payload``): its
-    conversation grew past it (``what="conversation"``), or a reply to keep on its record did (``"reply"``)."""
+    conversation grew past it (``what="conversation"``), a reply to keep on its record did (``"reply"``), or the
+    run record itself did (``"record"``: its result, say, in JSON text where each character may take more bytes)."""
 
-    what: Literal["conversation", "reply"]
+    what: Literal["conversation", "reply", "record"]
     #: The write's size and the most one message may carry, in bytes.
     size: int
     limit: int
@@ -1818,7 +1822,7 @@ def _provider_replied(
         totals = _totals(ckpt, turns=incoming.turn, usage=usage)
         if reply.finish_reason == "length":  # a cut-off final reply is not the agent's answer
             return _decision(*metrics, *_fail(run, OUTPUT_TRUNCATED, _truncated_text(agent, reply), totals=totals))
-        return _decision(*metrics, *_complete(run, reply.content or "", totals))
+        return _decision(*metrics, *_complete(run, reply.content or "", totals, agent.result_bytes))
     plans = _plan_calls(run, ckpt, agent, incoming.turn, now, reply, (request_id, redactor))
     turn = TurnInFlight(number=incoming.turn, reply=reply, usage=usage, plans=plans, metrics=streamed)
     return _calls_from(run, ckpt, agent, turn, 0, (), incoming.elapsed_s, now)
@@ -2631,14 +2635,21 @@ def _too_large(run: RunRecord | None, ckpt: Checkpoint | None, incoming: TooLarg
     (a finished or unknown run: the write is refused as before, a permanent error)."""
     if incoming.what == "reply":
         error = f"the model's reply is {incoming.size} bytes"
+    elif incoming.what == "record":
+        error = f"the run's record (with its result) is {incoming.size} bytes"
     else:
         saved = incoming.checkpoint or ckpt
         messages = f" ({len(saved.messages)} messages)" if saved is not None else ""
         error = f"the conversation is {incoming.size} bytes{messages}"
+    advice = (
+        "Ask the agent for a shorter final reply, or raise max_payload"
+        if incoming.what == "record"
+        else "Make the run's tools return less (each result is cut to 64 KiB already), give it fewer turns, or raise "
+        "max_payload"
+    )
     error += (
         f"; the bus carries at most {incoming.limit} (the NATS server's max_payload), so the run cannot keep it. "
-        "Make the run's tools return less (each result is cut to 64 KiB already), give it fewer turns, or raise "
-        "max_payload"
+        + advice
     )
     if run is None or run.state in RUN.terminal:
         return _decision(Reject(error))
@@ -2704,9 +2715,9 @@ def _totals(
     )
 
 
-def _complete(run: RunRecord, result: str, totals: RunUsage) -> tuple[Effect, ...]:
+def _complete(run: RunRecord, result: str, totals: RunUsage, limit: int = MAX_RESULT_BYTES) -> tuple[Effect, ...]:
     note = Note("run.completed", fields={"turns": totals.turns, "total_tokens": totals.total_tokens})
-    kept = bounded_result(result)  # the record and its event must fit on the bus (.bounds)
+    kept = bounded_result(result, limit)  # the record and its event must fit on the bus (.bounds)
     if kept is not result:
         note = Note("run.completed", "warning", {**note.fields, "result_cut_from_bytes": len(result.encode())})
     return _end(run, RunState.COMPLETED, {"result": kept, "usage": totals, "ending": Ending()}, note)

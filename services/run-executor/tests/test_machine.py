@@ -572,6 +572,24 @@ def test_an_expiry_under_a_fail_policy_fails_the_run() -> None:
     assert [d.reason for d in _published(decision) if isinstance(d, RunFailed)] == ["human_request_expired"]
 
 
+def test_an_expiry_of_a_question_that_did_not_offer_the_trigger_s_default_says_why_it_failed() -> None:
+    expired = HumanExpired(request_id=REQUEST_ID, run_id=RUN_ID, recipient="user:alice", action="fail", waited_s=600)
+    policy = HumanPolicy(
+        allowed_recipients=["user:alice"], on_timeout=TimeoutPolicy(action="default", default_option="keep-v1")
+    )
+    waiting = _run(RunState.WAITING_FOR_HUMAN, waiting_request_id=REQUEST_ID, human=policy)
+    decision = _decide(waiting, _ckpt(pending=_pending()), human_outcome("human.expired", "evt-x", expired))
+    (failed,) = [d for d in _published(decision) if isinstance(d, RunFailed)]
+    assert failed.reason == "human_request_expired"
+    assert "timeout default 'keep-v1' is not among this question's options" in failed.error
+    plain = _decide(
+        _run(RunState.WAITING_FOR_HUMAN, waiting_request_id=REQUEST_ID),
+        _ckpt(pending=_pending()),
+        human_outcome("human.expired", "evt-x", expired),
+    )
+    assert [d.error for d in _published(plain) if isinstance(d, RunFailed)] == [f"no answer to {REQUEST_ID} in time"]
+
+
 def test_an_expiry_under_a_cancel_policy_leaves_the_cancelling_to_its_cancel_request() -> None:
     expired = HumanExpired(request_id=REQUEST_ID, run_id=RUN_ID, recipient="user:alice", action="cancel", waited_s=60)
     waiting = _run(RunState.WAITING_FOR_HUMAN, waiting_request_id=REQUEST_ID)

@@ -1207,7 +1207,7 @@ def _human_outcome(
         if run.waiting_request_id != request_id:
             return _decision(Note("human.outcome.stale", fields={"waiting_for": run.waiting_request_id}))
         if incoming.fails_run:
-            error = f"no answer to {request_id} in time"
+            error = _no_answer(run, request_id)
             return _decision(*_fail(run, "human_request_expired", error, totals=_totals(ckpt)))
         if incoming.cancels_run:  # its run.cancel_requested (published first) cancels the waiting run
             return _decision(Note("human.outcome.cancels_run", fields={"request_id": request_id}))
@@ -1310,6 +1310,20 @@ def _apply(
     )
 
 
+def _no_answer(run: RunRecord, request_id: str) -> str:
+    """``run.failed``'s error for a question that expired with ``fail``; when the trigger's policy was ``default``,
+    the question did not offer its default (:meth:`HumanPolicy.for_question`), and the error says so: otherwise an
+    operator sees a failure where the trigger promised a default answer."""
+    error = f"no answer to {request_id} in time"
+    on_timeout = run.human.on_timeout
+    if on_timeout.action == "default":
+        error += (
+            f" (the trigger's timeout default {on_timeout.default_option!r} is not among this question's options, "
+            "so the question failed the run at its deadline instead)"
+        )
+    return error
+
+
 def _several_outcome(
     run: RunRecord, ckpt: Checkpoint, agent: Agent, incoming: HumanOutcome, attempt: Attempt, now: datetime
 ) -> Decision:
@@ -1322,7 +1336,7 @@ def _several_outcome(
         return _decision(Retry("the run has not finished parking on this request yet"))
     if run.state is RunState.WAITING_FOR_HUMAN:
         if incoming.fails_run:
-            error = f"no answer to {request_id} in time"
+            error = _no_answer(run, request_id)
             return _decision(*_fail(run, "human_request_expired", error, totals=_totals(ckpt)))
         if incoming.cancels_run:  # its run.cancel_requested (published first) cancels the waiting run
             return _decision(Note("human.outcome.cancels_run", fields={"request_id": request_id}))

@@ -622,7 +622,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "dlq":
         return dlq.run(args)
     if args.command == "status":
-        return status.run(args, sys.stdout)
+        try:
+            return status.run(args, sys.stdout)
+        except BrokenPipeError:  # `temporality status | head`: the reader left; nothing more to say
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 1
     if args.command == "nats-authorization":
         try:
             sys.stdout.write(nats_authorization(args.subscriber, args.external_agent, args.jetstream_domain))

@@ -192,6 +192,20 @@ def _ours(pid: int, label: str, data_dir: Path) -> bool:
         return exc.errno not in (errno.EACCES, errno.EPERM, errno.ENOENT)
 
 
+def parent_up(pid: int) -> int | None:
+    """The pid of ``pid``'s parent when that is a running ``temporality up`` (a version from before ``up.lock``
+    supervises its children all the same), else ``None``."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8")
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        argv = Path(f"/proc/{ppid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError, IndexError):
+        return None
+    words = [a.decode(errors="replace") for a in argv if a]
+    is_up = any(Path(w).name == "temporality" for w in words[:3]) and "up" in words[1:4]
+    return ppid if is_up else None
+
+
 def leftovers(data_dir: Path) -> list[tuple[str, int]]:
     """(label, pid) of each process that ``data_dir``'s ready files (``run/<label>.ready``) and the nats-server's
     ports files (``nats/ports/nats-server_<pid>.ports``) name and that still runs there."""
@@ -228,6 +242,16 @@ def claim(data_dir: Path, out: Callable[[str], None], wait_s: float = 10.0) -> D
         )
         return None
     left = leftovers(data_dir)
+    older = {parent_up(pid) for _, pid in left}
+    if left and len(older) == 1 and None not in older:  # a live `up` of a version from before the lock file
+        lock.release()
+        (up_pid,) = older
+        out(
+            f"error: {data_dir} is in use by a `temporality up` of an older version (pid {up_pid}), which takes no "
+            f"{LOCK_FILE}. Stop that one first (Ctrl-C in its terminal, or `kill {up_pid}`: it stops its services "
+            "in order), or give this one its own --data-dir"
+        )
+        return None
     if left:
         out(f"note: waiting up to {wait_s:g} s for the processes an earlier `temporality up` left to exit ...")
         deadline = time.monotonic() + wait_s

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from temporality_embedded.datadir import LOCK_FILE, alive, holder, leftovers
+from temporality_embedded.datadir import LOCK_FILE, alive, holder, leftovers, parent_up
 from temporality_embedded.processes import SERVICES
 from temporality_embedded.supervisor import greeting_problem, readiness
 
@@ -117,7 +117,16 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     supervisor = holder(data_dir)
     if supervisor is False:
         orphans = leftovers(data_dir)
-        out.write(f"supervisor: no `temporality up` holds {data_dir / LOCK_FILE}\n")
+        older = {parent_up(pid) for _, pid in orphans}
+        if orphans and len(older) == 1 and None not in older:  # a live `up` from before the lock file: fine
+            (up_pid,) = older
+            out.write(
+                f"supervisor: `temporality up` (pid {up_pid}) of an older version, which takes no "
+                f"{LOCK_FILE}: its next start with this version takes it\n"
+            )
+            orphans = []
+        else:
+            out.write(f"supervisor: no `temporality up` holds {data_dir / LOCK_FILE}\n")
         if orphans:
             pids = " ".join(str(pid) for _, pid in orphans)
             out.write(

@@ -537,3 +537,20 @@ async def telegram_and_web(
         async with web, bot:
             adapters.update({web.name: web, bot.name: bot})
             yield TelegramDesk(bus, tg, directory, adapters, router)
+
+
+async def ask_on_telegram(
+    bus: Bus, intake: RequestHandler, emulator: TelegramEmulator, **kw: Any
+) -> tuple[str, dict[str, Any]]:
+    """A question (:func:`requested` with ``kw``) taken in and delivered on Telegram: its request id and the message
+    the emulator's chat got (in the chat the stored copy names)."""
+    event = requested(**kw)
+    await intake.handle(event)
+    request_id = str(event.data["request_id"])
+    record = await stored(bus, request_id)
+    assert record is not None
+    copy = record.copy_on("telegram")
+    assert copy is not None
+    assert copy.address is not None
+    message = await emulator.wait_for_message(int(copy.address), lambda m: m["message_id"] == int(copy.reference))
+    return request_id, message

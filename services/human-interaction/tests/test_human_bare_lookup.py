@@ -14,7 +14,16 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from human_support import TG_ALICE, count_requests, exactly, requested, stored, telegram_first, wait_for_record
+from human_support import (
+    TG_ALICE,
+    ask_on_telegram,
+    count_requests,
+    exactly,
+    requested,
+    stored,
+    telegram_first,
+    wait_for_record,
+)
 from matrix_support import MatrixPerson, alice_on_matrix
 
 from temporality_bus import Bus
@@ -103,18 +112,6 @@ async def intake(bus: Bus, emulator: TelegramEmulator, mirror: ChannelMirror | N
         yield RequestHandler(bus, directory, adapters)
 
 
-async def _ask(bus: Bus, intake: RequestHandler, emulator: TelegramEmulator, **kw: Any) -> tuple[str, dict[str, Any]]:
-    event = requested(**kw)
-    await intake.handle(event)
-    request_id = str(event.data["request_id"])
-    record = await stored(bus, request_id)
-    assert record is not None
-    copy = record.copy_on("telegram")
-    assert copy is not None
-    message = await emulator.wait_for_message(ALICE.id, lambda m: m["message_id"] == int(copy.reference))
-    return request_id, message
-
-
 async def _say(emulator: TelegramEmulator, text: str) -> str:
     """Alice writes ``text`` (no reply) in her chat with the bot; the bot's reply to it."""
     said = await emulator.say(ALICE, text)
@@ -132,9 +129,12 @@ async def test_a_bare_message_in_a_chat_of_many_ended_questions_reads_only_the_o
     mirror, none of the ended ones' records is read and none of the chat's keys (``telegram.msg.<chat>.*``) is read
     or listed; without it (or with its watch down) every key and record is read, as before."""
     run_id = new_id("run")
-    ended = [(await _ask(bus, intake, emulator, run_id=run_id, title=f"Old question {n}"))[0] for n in range(ENDED)]
+    ended = [
+        (await ask_on_telegram(bus, intake, emulator, run_id=run_id, title=f"Old question {n}"))[0]
+        for n in range(ENDED)
+    ]
     await _ended(bus, mirror, run_id, ended)
-    open_id, _ = await _ask(bus, intake, emulator, title="Deploy 9: which region")
+    open_id, _ = await ask_on_telegram(bus, intake, emulator, title="Deploy 9: which region")
 
     sent = count_requests(bus, monkeypatch)
     assert await _say(emulator, "2") == "Recorded for “Deploy 9: which region” as option 2 “Drop v1”."
@@ -159,8 +159,8 @@ async def test_a_bare_message_looked_up_in_the_mirror_binds_as_the_listing_would
     """With the mirror: a request whose run entry is missing (an older version's) stays a candidate and takes the
     message; one whose run entry lost its end mark is read once and, not pending, not bound; nothing open, or two
     open, gets the hint, newest first -- what the listing gives."""
-    legacy, _ = await _ask(bus, intake, emulator, title="Review PR 41: rename the flag")
-    answered, question = await _ask(bus, intake, emulator, title="Review PR 42: remove the v1 API")
+    legacy, _ = await ask_on_telegram(bus, intake, emulator, title="Review PR 41: rename the flag")
+    answered, question = await ask_on_telegram(bus, intake, emulator, title="Review PR 42: remove the v1 API")
     press = await emulator.press(ALICE, question, emulator.buttons(question)[0]["callback_data"])
     await emulator.wait_for_callback_answer(press)
     refs = ChannelRefs(bus)
@@ -188,8 +188,8 @@ async def test_a_bare_message_looked_up_in_the_mirror_binds_as_the_listing_would
     assert told.startswith("To answer a question, reply to the question's message")
     assert told.endswith("There is no open question here right now.")
 
-    await _ask(bus, intake, emulator, title="Deploy 7: which region")
-    await _ask(bus, intake, emulator, title="Deploy 8: how many replicas")
+    await ask_on_telegram(bus, intake, emulator, title="Deploy 7: which region")
+    await ask_on_telegram(bus, intake, emulator, title="Deploy 8: how many replicas")
     told = await _say(emulator, "1")  # two open: not guessed
     assert re.search(
         r"2 questions are open here: “Deploy 8: how many replicas” \(run \w{8}\), “Deploy 7: which region” \(run \w{8}\)\.$",

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from human_support import OPTIONS, events_of, exactly, requested, running, stored, wait_for_record
+from human_support import OPTIONS, ask_on_telegram, events_of, exactly, requested, running, stored, wait_for_record
 
 from temporality_bus import Bus, Consumer, PermanentError, TransientError
 from temporality_human_interaction.api import create_app
@@ -103,23 +103,10 @@ def intake(
     return RequestHandler(bus, tg_directory, channels[0])
 
 
-async def _ask(bus: Bus, intake: RequestHandler, emulator: TelegramEmulator, **kw: object) -> tuple[str, dict]:  # type: ignore[type-arg]
-    event = requested(**kw)  # type: ignore[arg-type]
-    await intake.handle(event)
-    request_id = str(event.data["request_id"])
-    record = await stored(bus, request_id)
-    assert record is not None
-    copy = record.copy_on("telegram")
-    assert copy is not None
-    assert copy.address is not None
-    message = await emulator.wait_for_message(int(copy.address), lambda m: m["message_id"] == int(copy.reference))
-    return request_id, message
-
-
 async def test_button_press_binds_the_option_and_the_message_shows_the_outcome(
     bus: Bus, intake: RequestHandler, emulator: TelegramEmulator
 ) -> None:
-    request_id, message = await _ask(bus, intake, emulator)
+    request_id, message = await ask_on_telegram(bus, intake, emulator)
     [notified] = await events_of(bus, "human.notified", wait_for=1)
     assert notified.payload(HumanNotified).channel == "telegram"
     assert notified.payload(HumanNotified).fallback_from is None
@@ -157,7 +144,7 @@ async def test_button_press_binds_the_option_and_the_message_shows_the_outcome(
 async def test_free_text_reply_binds_text_and_an_option_number_binds_the_option(
     bus: Bus, intake: RequestHandler, emulator: TelegramEmulator
 ) -> None:
-    first, question = await _ask(bus, intake, emulator)
+    first, question = await ask_on_telegram(bus, intake, emulator)
     said = await emulator.reply(ALICE, question, "Keep it until the June release, then drop it")
     await emulator.wait_for_message(
         ALICE.id, lambda m: m.get("reply_to_message", {}).get("message_id") == said["message_id"]
@@ -166,7 +153,7 @@ async def test_free_text_reply_binds_text_and_an_option_number_binds_the_option(
     assert record.answer == TextAnswer(value="Keep it until the June release, then drop it")
     assert record.answer_channel == "telegram"
 
-    second, question2 = await _ask(bus, intake, emulator)
+    second, question2 = await ask_on_telegram(bus, intake, emulator)
     await emulator.reply(ALICE, question2, "1")
     record2 = await wait_for_record(bus, second, lambda r: r.status is HumanRequestState.ANSWERED)
     assert record2.answer == OptionAnswer(option_id=OPTIONS[0].id, label=OPTIONS[0].label)
@@ -184,7 +171,7 @@ async def test_a_reply_that_does_not_fit_the_form_is_answered_with_why_and_binds
         "required": ["replicas", "region"],
     }
     decline = HumanOption(id="decline", label="Decline")
-    request_id, question = await _ask(bus, intake, emulator, answer_schema=form, options=[decline])
+    request_id, question = await ask_on_telegram(bus, intake, emulator, answer_schema=form, options=[decline])
     said = await emulator.reply(ALICE, question, "replicas: a few\nregion: eu")
     told = await emulator.wait_for_message(
         ALICE.id, lambda m: m.get("reply_to_message", {}).get("message_id") == said["message_id"]
@@ -205,7 +192,7 @@ async def test_a_reply_that_does_not_fit_the_form_is_answered_with_why_and_binds
 async def test_stale_button_is_refused_with_the_reason_and_binds_nothing(
     bus: Bus, intake: RequestHandler, emulator: TelegramEmulator
 ) -> None:
-    request_id, message = await _ask(bus, intake, emulator)
+    request_id, message = await ask_on_telegram(bus, intake, emulator)
     data = emulator.buttons(message)[0]["callback_data"]
     first = await emulator.press(ALICE, message, data)
     assert (await emulator.wait_for_callback_answer(first))["text"].startswith("Recorded")
@@ -249,7 +236,7 @@ async def test_an_expired_request_edits_the_message_and_its_buttons_are_refused(
     )
     async with running(deadlines):
         on_timeout = TimeoutPolicy(action="default", default_option="keep-v1")
-        request_id, message = await _ask(bus, intake, emulator, expires_in_s=1, on_timeout=on_timeout)
+        request_id, message = await ask_on_telegram(bus, intake, emulator, expires_in_s=1, on_timeout=on_timeout)
         data = emulator.buttons(message)[0]["callback_data"]
         await wait_for_record(bus, request_id, lambda r: r.status is HumanRequestState.EXPIRED, within_s=30)
         edited = await emulator.wait_for_edit(message, lambda m: "⌛ Expired" in m["text"])
@@ -266,7 +253,7 @@ async def test_an_expired_request_edits_the_message_and_its_buttons_are_refused(
 async def test_foreign_users_are_told_and_nothing_is_bound(
     bus: Bus, intake: RequestHandler, emulator: TelegramEmulator
 ) -> None:
-    request_id, message = await _ask(bus, intake, emulator)
+    request_id, message = await ask_on_telegram(bus, intake, emulator)
     data = emulator.buttons(message)[0]["callback_data"]
 
     stranger = await emulator.press(CAROL, message, data)  # not in the directory at all
@@ -294,7 +281,7 @@ async def test_an_answer_in_the_web_inbox_edits_the_telegram_copy(
     tg_directory: Directory,
     channels: tuple[dict[str, ChannelAdapter], AnswerRouter],
 ) -> None:
-    request_id, message = await _ask(bus, intake, emulator)
+    request_id, message = await ask_on_telegram(bus, intake, emulator)
     app = create_app(Settings(bus_timeout_s=5.0), bus, tg_directory, channels[1])
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://human.test") as web:
         got = await web.post(
@@ -337,10 +324,10 @@ async def test_a_run_that_ends_cancels_its_pending_requests_and_updates_their_me
     tg_directory: Directory,
 ) -> None:
     run_id = "run-ends-1"
-    pending, message = await _ask(bus, intake, emulator, run_id=run_id)
+    pending, message = await ask_on_telegram(bus, intake, emulator, run_id=run_id)
     data = emulator.buttons(message)[0]["callback_data"]
-    answered, answered_message = await _ask(bus, intake, emulator, run_id=run_id)
-    other_run, _ = await _ask(bus, intake, emulator)
+    answered, answered_message = await ask_on_telegram(bus, intake, emulator, run_id=run_id)
+    other_run, _ = await ask_on_telegram(bus, intake, emulator)
     press = await emulator.press(ALICE, answered_message, emulator.buttons(answered_message)[0]["callback_data"])
     await emulator.wait_for_callback_answer(press)
 
@@ -461,7 +448,7 @@ async def test_a_question_over_telegrams_limit_is_cut_to_fit_options_kept_and_it
     consequences, a long context) arrives cut to fit, every option and the way to answer kept, with a note linking
     the inbox; the outcome edit fits as well."""
     channels[0]["telegram"].inbox_url = "https://temporality.example.org/#/inbox"
-    request_id, message = await _ask(bus, intake, emulator, options=LONG_OPTIONS, context="why " * 700)
+    request_id, message = await ask_on_telegram(bus, intake, emulator, options=LONG_OPTIONS, context="why " * 700)
     text = message["text"]
     assert text_length(text) <= 4096
     for n in range(1, 11):
@@ -491,7 +478,7 @@ async def test_a_long_label_already_recorded_is_cut_to_the_callback_answers_200_
 ) -> None:
     label = "Keep the v1 contract and " + "x" * 165  # 190 characters: "Already recorded: " + it is over 200
     options = [HumanOption(id="keep", label=label), HumanOption(id="drop", label="Drop")]
-    _, message = await _ask(bus, intake, emulator, options=options)
+    _, message = await ask_on_telegram(bus, intake, emulator, options=options)
     data = emulator.buttons(message)[0]["callback_data"]
     first = await emulator.press(ALICE, message, data)
     assert (await emulator.wait_for_callback_answer(first))["text"] == f"Recorded: {label}"
@@ -507,8 +494,8 @@ async def test_a_bare_message_answers_the_chats_one_open_question_else_says_how_
 ) -> None:
     """Not a reply: it binds to the one question open in the person's chat (an older one, when the newest is
     answered), the confirmation naming it; with none or several open, a hint says how to answer (and lists them)."""
-    older, _ = await _ask(bus, intake, emulator, title="Review PR 41: rename the flag")
-    newest, question = await _ask(bus, intake, emulator, title="Review PR 42: remove the v1 API")
+    older, _ = await ask_on_telegram(bus, intake, emulator, title="Review PR 41: rename the flag")
+    newest, question = await ask_on_telegram(bus, intake, emulator, title="Review PR 42: remove the v1 API")
     query = await emulator.press(ALICE, question, emulator.buttons(question)[0]["callback_data"])
     await emulator.wait_for_callback_answer(query)
 
@@ -527,8 +514,8 @@ async def test_a_bare_message_answers_the_chats_one_open_question_else_says_how_
     assert told["text"].startswith("To answer a question, reply to the question's message")
     assert "no open question" in told["text"]
 
-    await _ask(bus, intake, emulator, title="Deploy 7: which region")
-    await _ask(bus, intake, emulator, title="Deploy 8: how many replicas")
+    await ask_on_telegram(bus, intake, emulator, title="Deploy 7: which region")
+    await ask_on_telegram(bus, intake, emulator, title="Deploy 8: how many replicas")
     said = await emulator.say(ALICE, "1")  # two open: which one is meant is not guessed
     told = await emulator.wait_for_message(
         ALICE.id, lambda m: m.get("reply_to_message", {}).get("message_id") == said["message_id"]

@@ -11,10 +11,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from human_support import TG_ALICE, TelegramDesk, requested, stored, wait_for_record
+from human_support import TG_ALICE, TelegramDesk, ask_on_telegram, stored, wait_for_record
 
 from temporality_bus import Bus
-from temporality_human_interaction.requests import RequestHandler
 from temporality_protocol import HumanOption, HumanRequestState, OptionAnswer, TextAnswer
 from temporality_testing.telegram_emulator import TelegramEmulator
 from temporality_testing.waiting import stays
@@ -23,19 +22,6 @@ ALICE = TG_ALICE
 Json = dict[str, Any]
 KEEP = OptionAnswer(option_id="keep-v1", label="Keep the v1 API")
 DROP = OptionAnswer(option_id="drop-v1", label="Drop v1")
-
-
-async def _ask(bus: Bus, intake: RequestHandler, tg: TelegramEmulator, **kw: Any) -> tuple[str, Json]:
-    """A question delivered to alice's chat: its request id and its message."""
-    event = requested(**kw)
-    await intake.handle(event)
-    request_id = str(event.data["request_id"])
-    record = await stored(bus, request_id)
-    assert record is not None
-    copy = record.copy_on("telegram")
-    assert copy is not None
-    message = await tg.wait_for_message(ALICE.id, lambda m: m["message_id"] == int(copy.reference))
-    return request_id, message
 
 
 async def _told(tg: TelegramEmulator, said: Json, starts: str = "") -> Json:
@@ -57,11 +43,11 @@ async def test_an_edited_answer_is_never_bound_and_the_person_is_told(bus: Bus, 
     """Alice answered PR #101 with "1", then, with PR #103 open, edits that old "1" to "2": the edit binds nothing
     (not to PR #103, the one open now), PR #101's answer stays, and she is told so and how to answer."""
     tg, intake = telegram.tg, telegram.intake()
-    first, question = await _ask(bus, intake, tg, title="Review PR #101: drop v1")
+    first, question = await ask_on_telegram(bus, intake, tg, title="Review PR #101: drop v1")
     said = await tg.reply(ALICE, question, "1")
     await _told(tg, said, "Recorded for")
     await wait_for_record(bus, first, lambda r: r.answer == KEEP)
-    second, _ = await _ask(bus, intake, tg, title="Review PR #103: rename the flag")
+    second, _ = await ask_on_telegram(bus, intake, tg, title="Review PR #103: rename the flag")
 
     await tg.edit(ALICE, said, "2 — sorry, I meant 2")
     told = await _told(tg, said, "Not recorded: an edited message is never taken as an answer")
@@ -81,10 +67,10 @@ async def test_a_reply_to_the_bots_confirmation_is_about_that_question_not_the_o
     (already answered), never bound to PR #103. A reply to the bot's refusal about a question still open binds to
     that question, even with another one open too."""
     tg, intake = telegram.tg, telegram.intake()
-    _, question = await _ask(bus, intake, tg, title="Review PR #101: drop v1")
+    _, question = await ask_on_telegram(bus, intake, tg, title="Review PR #101: drop v1")
     said = await tg.reply(ALICE, question, "1")
     confirmation = await _told(tg, said, "Recorded for")
-    second, question2 = await _ask(bus, intake, tg, title="Review PR #103: rename the flag")
+    second, question2 = await ask_on_telegram(bus, intake, tg, title="Review PR #103: rename the flag")
 
     said = await tg.reply(ALICE, confirmation, "2")
     told = await _told(tg, said)
@@ -97,7 +83,7 @@ async def test_a_reply_to_the_bots_confirmation_is_about_that_question_not_the_o
         "Not recorded: there is no option 3 for “Review PR #103: rename the flag”; its options are 1\u20132."
         " To answer in your own words, write more than a number."
     )
-    third, _ = await _ask(bus, intake, tg, title="Review PR #104: bump the SDK")  # two open now
+    third, _ = await ask_on_telegram(bus, intake, tg, title="Review PR #104: bump the SDK")  # two open now
     said = await tg.reply(ALICE, refusal, "2")
     told = await _told(tg, said)
     assert told["text"] == "Recorded for “Review PR #103: rename the flag” as option 2 “Drop v1”."
@@ -109,8 +95,8 @@ async def test_a_reply_to_a_hint_listing_several_questions_is_never_bound(bus: B
     """The bot's hint lists two open questions; a reply to it is answered with the hint again, even once only one
     of them is still open (which one the person meant is not guessed)."""
     tg, intake = telegram.tg, telegram.intake()
-    first, question = await _ask(bus, intake, tg, title="Deploy 7: which region")
-    second, _ = await _ask(bus, intake, tg, title="Deploy 8: how many replicas")
+    first, question = await ask_on_telegram(bus, intake, tg, title="Deploy 7: which region")
+    second, _ = await ask_on_telegram(bus, intake, tg, title="Deploy 8: how many replicas")
     said = await tg.say(ALICE, "1")
     hint = await _told(tg, said)
     assert "2 questions are open here" in hint["text"]
@@ -136,11 +122,11 @@ async def test_a_reply_to_a_hint_naming_one_question_answers_it(bus: Bus, telegr
     #103, not "the message you replied to is not a question I can place" (again and again). Likewise the hint
     after a reply to the bot's greeting (a message about no question) while one question is open."""
     tg, intake = telegram.tg, telegram.intake()
-    first, question = await _ask(bus, intake, tg, title="Review PR #101: drop v1")
+    first, question = await ask_on_telegram(bus, intake, tg, title="Review PR #101: drop v1")
     said = await tg.reply(ALICE, question, "1")
     await _told(tg, said, "Recorded for")
     await wait_for_record(bus, first, lambda r: r.answer == KEEP)
-    second, _ = await _ask(bus, intake, tg, title="Review PR #103: rename the flag")
+    second, _ = await ask_on_telegram(bus, intake, tg, title="Review PR #103: rename the flag")
     await tg.edit(ALICE, said, "2")
     hint = await _told(tg, said, "Not recorded: an edited message")
     assert "One question is open here: “Review PR #103: rename the flag”" in hint["text"]
@@ -153,7 +139,7 @@ async def test_a_reply_to_a_hint_naming_one_question_answers_it(bus: Bus, telegr
     assert record is not None
     assert record.answer == KEEP
 
-    third, _ = await _ask(bus, intake, tg, title="Review PR #104: bump the SDK")
+    third, _ = await ask_on_telegram(bus, intake, tg, title="Review PR #104: bump the SDK")
     await tg.say(ALICE, "/start")
     greeting = await tg.wait_for_message(ALICE.id, lambda m: m["text"].startswith("Hello"))
     said = await tg.reply(ALICE, greeting, "1")
@@ -171,13 +157,13 @@ async def test_options_labelled_with_numbers_are_answered_by_their_labels(bus: B
     for want of a fifth option; "7" (no label, no position) is refused naming the labels; "1" is the first option."""
     tg, intake = telegram.tg, telegram.intake()
     replicas = [HumanOption(id="r3", label="3"), HumanOption(id="r5", label="5")]
-    first, question = await _ask(bus, intake, tg, title="Deploy 8: how many replicas", options=replicas)
+    first, question = await ask_on_telegram(bus, intake, tg, title="Deploy 8: how many replicas", options=replicas)
     said = await tg.reply(ALICE, question, "5")
     told = await _told(tg, said)
     assert told["text"] == "Recorded for “Deploy 8: how many replicas” as option 2 “5”."
     await wait_for_record(bus, first, lambda r: r.answer == OptionAnswer(option_id="r5", label="5"))
 
-    second, question = await _ask(bus, intake, tg, title="Deploy 9: how many replicas", options=replicas)
+    second, question = await ask_on_telegram(bus, intake, tg, title="Deploy 9: how many replicas", options=replicas)
     said = await tg.reply(ALICE, question, "7")
     refusal = await _told(tg, said)
     assert refusal["text"] == (
@@ -198,7 +184,7 @@ async def test_an_option_typed_as_people_type_it_selects_it_and_free_text_is_quo
     selects option 1, and the confirmation says so; words are recorded as the person's own, quoted (shortened)."""
     tg, intake = telegram.tg, telegram.intake()
     for typed in ("1)", "#1", "1️⃣", "\uff11", "option 1", "  keep the V1 api! "):
-        request_id, question = await _ask(bus, intake, tg, title=f"Typed {typed.strip()}")
+        request_id, question = await ask_on_telegram(bus, intake, tg, title=f"Typed {typed.strip()}")
         said = await tg.reply(ALICE, question, typed)
         told = await _told(tg, said)
         assert told["text"] == f"Recorded for “Typed {typed.strip()}” as option 1 “Keep the v1 API”.", typed
@@ -207,7 +193,7 @@ async def test_an_option_typed_as_people_type_it_selects_it_and_free_text_is_quo
         assert record.answer == KEEP, typed
 
     words = "Keep it until the June release, then drop it; " + "the clients need time. " * 10
-    request_id, question = await _ask(bus, intake, tg, title="In her words")
+    request_id, question = await ask_on_telegram(bus, intake, tg, title="In her words")
     said = await tg.reply(ALICE, question, words)
     told = await _told(tg, said)
     assert told["text"].startswith("Recorded for “In her words” in your own words: “Keep it until the June release")
@@ -222,7 +208,7 @@ async def test_a_long_question_keeps_its_end_and_points_to_the_inbox(bus: Bus, t
     telegram.adapters["telegram"].inbox_url = "https://temporality.example.org/#/inbox"
     tg, intake = telegram.tg, telegram.intake()
     asked = "Background: " + "the v1 API has a long history. " * 60 + "So: should v1 stay for one more release?"
-    _, message = await _ask(bus, intake, tg, question=asked)
+    _, message = await ask_on_telegram(bus, intake, tg, question=asked)
     text = message["text"]
     assert "Background: the v1 API has a long history." in text
     assert "So: should v1 stay for one more release?" in text
@@ -233,8 +219,8 @@ async def test_a_long_question_keeps_its_end_and_points_to_the_inbox(bus: Bus, t
 async def test_two_runs_asking_the_same_question_read_differently(bus: Bus, telegram: TelegramDesk) -> None:
     """The same question from two runs: each message names its run in short, so they are not byte-identical."""
     tg, intake = telegram.tg, telegram.intake()
-    _, one = await _ask(bus, intake, tg, run_id="run-aaaaaaaa1111111111111111")
-    _, two = await _ask(bus, intake, tg, run_id="run-bbbbbbbb2222222222222222")
+    _, one = await ask_on_telegram(bus, intake, tg, run_id="run-aaaaaaaa1111111111111111")
+    _, two = await ask_on_telegram(bus, intake, tg, run_id="run-bbbbbbbb2222222222222222")
     assert one["text"].endswith("(run aaaaaaaa)")
     assert two["text"].endswith("(run bbbbbbbb)")
     assert "tap an option below, or reply to this message with your own answer" in one["text"]

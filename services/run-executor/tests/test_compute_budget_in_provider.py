@@ -4,9 +4,6 @@ HTTP), slow on purpose."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-import pytest
 from executor_support import REVIEWER, RunExecutor, run_requested
 
 from temporality_bus import Bus
@@ -14,12 +11,6 @@ from temporality_run_executor.agents import AgentCard, Limits, ProviderConfig
 from temporality_run_executor.tools import ToolPolicy
 from temporality_testing.events import EventLog
 from temporality_testing.openai_emulator import OpenAIEmulator, assistant_text, assistant_tool_call, error_reply, hang
-
-
-@pytest.fixture
-async def emulator() -> AsyncIterator[OpenAIEmulator]:
-    async with OpenAIEmulator().serve() as emu:
-        yield emu
 
 
 def _card(emulator: OpenAIEmulator) -> AgentCard:

@@ -7,10 +7,8 @@ real nats-server, the model behind the OpenAI emulator (real HTTP)."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
 from executor_support import REVIEWER, RunExecutor, run_record, run_requested
 
 from temporality_bus import Bus
@@ -30,12 +28,6 @@ async def _read_big(arguments: dict[str, Any], ctx: ToolContext) -> str:
 
 
 BIG_READ = Tool(name="big_read", description="returns a lot", parameters={"type": "object"}, implementation=_read_big)
-
-
-@pytest.fixture
-async def emulator() -> AsyncIterator[OpenAIEmulator]:
-    async with OpenAIEmulator().serve() as emu:
-        yield emu
 
 
 def _card(emulator: OpenAIEmulator, **limits: Any) -> AgentCard:

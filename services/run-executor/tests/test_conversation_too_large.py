@@ -5,7 +5,7 @@ nats-server's is 256 KiB. Over a real nats-server, the model behind the OpenAI e
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,12 +18,6 @@ from temporality_protocol import RunState
 from temporality_run_executor.bounds import MAX_RESULT_BYTES, result_limit
 from temporality_testing.events import EventLog
 from temporality_testing.openai_emulator import OpenAIEmulator, Reply, assistant_text, assistant_tool_call
-
-
-@pytest.fixture
-async def emulator() -> AsyncIterator[OpenAIEmulator]:
-    async with OpenAIEmulator().serve() as emu:
-        yield emu
 
 
 @pytest.fixture

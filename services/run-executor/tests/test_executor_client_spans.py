@@ -4,7 +4,7 @@ OpenAI emulator, which receives the span's ``traceparent``) and each MCP tool ca
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,12 +27,6 @@ def exported() -> Iterator[InMemorySpanExporter]:
     """Tracing on in this process, spans kept in memory."""
     with spans_in_memory() as exporter:
         yield exporter
-
-
-@pytest.fixture
-async def emulator() -> AsyncIterator[OpenAIEmulator]:
-    async with OpenAIEmulator().serve() as emu:
-        yield emu
 
 
 async def test_each_provider_attempt_is_a_client_span_whose_context_the_request_carries(

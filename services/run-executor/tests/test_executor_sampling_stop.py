@@ -38,12 +38,6 @@ async def pool() -> AsyncIterator[McpPool]:
         await pool.aclose()
 
 
-@pytest.fixture
-async def emulator() -> AsyncIterator[OpenAIEmulator]:
-    async with OpenAIEmulator().serve() as emu:
-        yield emu
-
-
 def _card(emulator: OpenAIEmulator) -> AgentCard:
     provider = ProviderConfig(kind="openai", base_url=emulator.base_url, model="test-model", retry_backoff_s=0.01)
     return REVIEWER.model_copy(

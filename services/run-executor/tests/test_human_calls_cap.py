@@ -5,10 +5,8 @@ as their tool errors. Over a real nats-server, the model behind the OpenAI emula
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
 from executor_support import REVIEWER, RunExecutor, run_requested
 
 from temporality_bus import Bus
@@ -16,12 +14,6 @@ from temporality_run_executor.agents import AgentCard, Limits, ProviderConfig
 from temporality_run_executor.tools import ToolPolicy
 from temporality_testing.events import EventLog
 from temporality_testing.openai_emulator import OpenAIEmulator, Reply, assistant_text
-
-
-@pytest.fixture
-async def emulator() -> AsyncIterator[OpenAIEmulator]:
-    async with OpenAIEmulator().serve() as emu:
-        yield emu
 
 
 def _calls(count: int) -> Reply:

@@ -55,12 +55,6 @@ def exported() -> Iterator[InMemorySpanExporter]:
         yield exporter
 
 
-@pytest.fixture
-async def emulator() -> AsyncIterator[OpenAIEmulator]:
-    async with OpenAIEmulator().serve() as emu:
-        yield emu
-
-
 def _server(protocol: str) -> McpServer:
     return SERVER.model_copy(update={"protocol": protocol})
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +42,6 @@ def test_names_are_mapped_deterministically_to_valid_ones() -> None:
     assert long.startswith("odd__summarize_the_whole")
     for name in (dotted, long, tool_name("odd", "ünïcode tool"), tool_name("a" * 41, "b" * 200)):
         assert VALID.fullmatch(name), name
-
-
-@pytest.fixture
-async def emulator() -> AsyncIterator[OpenAIEmulator]:
-    async with OpenAIEmulator().serve() as emu:
-        yield emu
 
 
 def _agents(tmp_path: Path, emulator: OpenAIEmulator, allow: list[str]) -> Path:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 
 import pytest
 from executor_support import REVIEWER, RunExecutor, run_requested
@@ -17,12 +16,6 @@ from temporality_run_executor.records import Message, ToolCall
 from temporality_run_executor.tools import BUILTIN_TOOLS, ToolPolicy, ToolRegistry
 from temporality_testing.events import EventLog
 from temporality_testing.openai_emulator import OpenAIEmulator, Reply, assistant_text, assistant_tool_call
-
-
-@pytest.fixture
-async def emulator() -> AsyncIterator[OpenAIEmulator]:
-    async with OpenAIEmulator().serve() as emu:
-        yield emu
 
 
 def _card(emulator: OpenAIEmulator) -> AgentCard:

@@ -5,7 +5,6 @@ tool. Over a real nats-server, the model behind the OpenAI emulator (real HTTP).
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -23,12 +22,6 @@ from temporality_testing.openai_emulator import (
     malformed_tool_call,
     usage,
 )
-
-
-@pytest.fixture
-async def emulator() -> AsyncIterator[OpenAIEmulator]:
-    async with OpenAIEmulator().serve() as emu:
-        yield emu
 
 
 def _card(emulator: OpenAIEmulator) -> AgentCard:

@@ -5,7 +5,6 @@ behind the OpenAI emulator (real HTTP)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -16,12 +15,6 @@ from temporality_run_executor.agents import AgentCard, ProviderConfig
 from temporality_run_executor.tools import ToolPolicy
 from temporality_testing.events import EventLog
 from temporality_testing.openai_emulator import OpenAIEmulator, Reply, assistant_text
-
-
-@pytest.fixture
-async def emulator() -> AsyncIterator[OpenAIEmulator]:
-    async with OpenAIEmulator().serve() as emu:
-        yield emu
 
 
 def _reply(message: dict[str, Any], finish: str = "stop") -> Reply:

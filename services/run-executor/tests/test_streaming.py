@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import SupportsIndex
 
 import pytest
@@ -204,12 +203,6 @@ class _ByConversation(list[Reply]):
     def pop(self, index: SupportsIndex = -1) -> Reply:
         answered = any(m["role"] == "tool" for m in self.emulator.requests[-1]["messages"])
         return self.then if answered else self.first
-
-
-@pytest.fixture
-async def emulator() -> AsyncIterator[OpenAIEmulator]:
-    async with OpenAIEmulator().serve() as emu:
-        yield emu
 
 
 async def test_an_openai_compatible_model_calls_report_progress_like_any_tool(

@@ -8,7 +8,6 @@ goes over the wire.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -102,10 +101,6 @@ def test_a_card_naming_an_unknown_tool_is_refused_at_start(tmp_path: Path) -> No
 
 
 # --------------------------------------------------------------------------- through a run
-@pytest.fixture
-async def emulator() -> AsyncIterator[OpenAIEmulator]:
-    async with OpenAIEmulator().serve() as emu:
-        yield emu
 
 
 def _card(emulator: OpenAIEmulator, tools: ToolPolicy) -> AgentCard:

@@ -48,11 +48,13 @@ async def _pending(bus: Bus, request_id: str) -> bool:
     return record is not None and record.status is HumanRequestState.PENDING
 
 
-async def test_an_edit_is_never_bound_and_the_person_is_told(
+async def test_an_edit_is_never_bound_and_the_person_is_told_and_a_reply_to_that_notice_answers(
     bus: Bus, synapse: Synapse, matrix_accounts: dict[str, MatrixAccount]
 ) -> None:
     """Alice answered PR #101 with "1", then, with PR #103 open, edits that "1" to "2": nothing is bound, PR #101's
-    answer stays, and she is told so (not left guessing whether the edit counted)."""
+    answer stays, and she is told so (not left guessing whether the edit counted). The notice names the one open
+    question (PR #103): a reply to it -- what it invites -- answers PR #103, not "the message you replied to is not a
+    question I can place"."""
     bot = matrix_accounts["bot"].user_id
     person = await MatrixPerson(synapse.url, matrix_accounts["alice"]).start()
     try:
@@ -73,41 +75,11 @@ async def test_an_edit_is_never_bound_and_the_person_is_told(
                     "m.relates_to": {"rel_type": "m.replace", "event_id": said},
                 },
             )
-            _, text = await _told(person, edit, bot)
+            hint, text = await _told(person, edit, bot)
             assert text.startswith("Not recorded: an edited message is never taken as an answer"), text
             assert "One question is open here: “Review PR #103: rename the flag” (run " in text
             await stays(lambda: _pending(bus, second.request_id), what="PR #103 still open")
             assert (await stored(bus, first.request_id)).answer == KEEP  # type: ignore[union-attr]
-    finally:
-        await person.close()
-
-
-async def test_a_reply_to_a_hint_naming_one_question_answers_it(
-    bus: Bus, synapse: Synapse, matrix_accounts: dict[str, MatrixAccount]
-) -> None:
-    """The notice after an edit names the one open question (PR #103): a reply to it -- what it invites -- answers
-    PR #103, not "the message you replied to is not a question I can place"."""
-    bot = matrix_accounts["bot"].user_id
-    person = await MatrixPerson(synapse.url, matrix_accounts["alice"]).start()
-    try:
-        async with alice_on_matrix(bus, synapse, matrix_accounts) as handler:
-            first, room_id, question = await _ask(bus, handler, person, title="Review PR #101: drop v1")
-            said = await person.reply(room_id, question, "1")
-            await _told(person, said, bot)
-            await wait_for_record(bus, first.request_id, lambda r: r.answer == KEEP)
-            second, _, _ = await _ask(bus, handler, person, title="Review PR #103: rename the flag")
-            edit = await person.send(
-                room_id,
-                "m.room.message",
-                {
-                    "msgtype": "m.text",
-                    "body": "* 2",
-                    "m.new_content": {"msgtype": "m.text", "body": "2"},
-                    "m.relates_to": {"rel_type": "m.replace", "event_id": said},
-                },
-            )
-            hint, text = await _told(person, edit, bot)
-            assert "One question is open here: “Review PR #103: rename the flag” (run " in text, text
 
             said = await person.reply(room_id, hint, "2")
             _, text = await _told(person, said, bot)

@@ -341,6 +341,64 @@ async def test_the_loop_limit_refuses_an_event_of_a_run_the_trigger_started(
         assert len(event_log.of_type("trigger.rejected")) == 2  # the webhook's and the loop refusal: no more
 
 
+async def test_a_failing_expression_of_an_event_trigger_is_recorded_mapping_failed_and_redriven_once_fixed(
+    gateway_settings: Settings, bus: Bus, event_log: EventLog
+) -> None:
+    """The trigger's own expression (``input``, ``when``) failing on a valid event: the trigger is at fault, as
+    for a webhook's -- recorded ``mapping_failed`` with its event kept, journaled ``trigger.rejected``
+    (``invalid_payload``) with a ``mapping_failed:`` detail naming the expression, re-drivable once fixed."""
+    async with replicas(gateway_settings, 1) as (a,):
+        broken_input = {"reviewed_run": "metadata.run_id", "n": "length(payload.turns)"}  # turns is a number
+        await _create(a, _spec("broken-input", input=broken_input, prompt=None))
+        await _create(a, _spec("broken-when", when="contains(payload.turns, 'x')", input=None, prompt=None))
+        event = _completed("run-m1")
+        await bus.publish(event)
+
+        rejections: dict[str, TriggerRejected] = {}
+        for trigger_id in ("broken-input", "broken-when"):
+            (found,) = await event_log.wait_for(
+                "trigger.rejected", where=lambda e, t=trigger_id: e.data["trigger_id"] == t, timeout_s=10
+            )
+            rejections[trigger_id] = found.payload(TriggerRejected)
+        for trigger_id, where in (("broken-input", "input.n"), ("broken-when", "when")):
+            rejected = rejections[trigger_id]
+            assert rejected.reason == "invalid_payload"  # the protocol's reason
+            assert rejected.detail.startswith(f"mapping_failed: the trigger's {where} expression failed"), rejected
+            assert rejected.source_event_id == event.id
+
+            async def recorded(t: str = trigger_id) -> dict[str, Any] | None:
+                listed = await a.get(f"/triggers/{t}/deliveries", headers=AS_VIEWER)
+                assert listed.status_code == 200, listed.text
+                rows: list[dict[str, Any]] = listed.json()["deliveries"]
+                return rows[0] if rows else None
+
+            row = await eventually(recorded, what=f"{trigger_id}'s delivery recorded")
+            assert (row["state"], row["reason"]) == ("rejected", "mapping_failed")
+            assert row["detail"] == rejected.detail
+            assert row["has_event"] is True
+            assert row["source_event_id"] == event.id
+        assert not _runs(event_log, "broken-input")
+
+        # fixed, the kept event is re-driven through the launch path: the run the event would have started
+        current = await a.get("/triggers/broken-input", headers=AS_VIEWER)
+        fixed = await a.put(
+            "/triggers/broken-input",
+            json=_spec("broken-input", input={"reviewed_run": "metadata.run_id", "n": "payload.turns"}, prompt=None),
+            headers={**AS_ADMIN, "If-Match": current.headers["ETag"]},
+        )
+        assert fixed.status_code == 200, fixed.text
+        delivery_id = rejections["broken-input"].delivery_id
+
+        async def redriven() -> httpx.Response | None:
+            again = await a.post(f"/triggers/broken-input/deliveries/{delivery_id}/redrive", headers=AS_OPERATOR)
+            return again if again.status_code == 202 else None
+
+        await eventually(redriven, what="the re-drive accepted once the trigger serves its fix")
+        run = await _run_for(event_log, "broken-input", event)
+        assert run.input["n"] == 3
+        assert run.launch.depth == 1
+
+
 async def test_a_longer_chain_is_allowed_up_to_the_configured_depth(
     gateway_settings: Settings, bus: Bus, event_log: EventLog
 ) -> None:

@@ -83,6 +83,30 @@ async def test_a_tick_makes_one_deterministic_run_and_a_late_one_follows_the_mis
     assert len(event_log.of_type("trigger.received")) == 3
 
 
+async def test_a_tick_the_trigger_s_own_expression_fails_on_is_recorded_mapping_failed(
+    bus: Bus, event_log: EventLog
+) -> None:
+    """The trigger is at fault, as for a webhook's or an event trigger's failing expression: journaled
+    ``trigger.rejected(invalid_payload)`` with a ``mapping_failed:`` detail, recorded ``mapping_failed`` with the
+    tick kept (re-drivable once fixed); the trigger keeps ticking."""
+    broken = _trigger("broken", input={"n": "abs(payload.tick)"}, prompt=None)  # the tick is a string
+    launcher = Launcher(bus, retry_after_s=1)
+    scheduler = Scheduler(bus, TriggerRegistry.static([broken]), launcher=launcher)
+    at = datetime(2026, 1, 10, 3, 0, tzinfo=UTC)
+    assert await scheduler.launch_tick(broken, at, now=at + timedelta(seconds=1)) == "rejected:invalid_payload"
+    (rejected,) = await event_log.wait_for("trigger.rejected", timeout_s=10)
+    assert (rejected.data["trigger_id"], rejected.data["reason"]) == ("broken", "invalid_payload")
+    assert rejected.data["detail"].startswith("mapping_failed: the trigger's input.n expression failed on the tick")
+
+    async def recorded() -> Any:
+        return await launcher.deliveries.get("broken", rejected.data["delivery_id"])
+
+    record = await eventually(recorded, what="the tick's delivery recorded")
+    assert (record.state, record.reason, record.detail) == ("rejected", "mapping_failed", rejected.data["detail"])
+    assert record.event is not None
+    assert record.event.payload["tick"] == "2026-01-10T03:00:00+00:00"
+
+
 @pytest.mark.parametrize(
     ("changes", "message"),
     [

@@ -17,7 +17,10 @@ starts at the stream's tail, and its acknowledged position is the persisted curs
         its condition (filter, then when) does not hold                -> skipped, logged (debug): nothing journaled
         caused by this trigger's own runs, allow_self false            -> trigger.rejected(loop_limit)
         d + 1 > max depth (TEMPORALITY_GATEWAY_EVENT_MAX_DEPTH, 1)     -> trigger.rejected(loop_limit)
-        the input mapping fails on it                                  -> trigger.rejected(invalid_payload)
+        an expression of the trigger (when, input, concurrency key)
+        fails on it (the trigger is at fault)                          -> trigger.rejected(invalid_payload,
+                                                                          "mapping_failed: ..."), recorded
+                                                                          mapping_failed, the event kept
         otherwise: the run's lineage (depth d + 1, the triggers that led to it) stored, then launched
         through :class:`~temporality_trigger_gateway.launch.Launcher` (claim, received + accepted + requested)
 
@@ -333,7 +336,7 @@ class EventTriggers:
         try:
             filtered = trigger.filtered(event)
         except MappingFailed as exc:
-            await self._refuse(delivery, "invalid_payload", f"the when expression cannot be applied ({exc})", tenant)
+            await self._mapping_failed(trigger, delivery, exc, tenant, event)
             return
         if filtered is not None:
             # A subscription's filter, not a refused delivery: most events of a listed type are not for this
@@ -355,8 +358,7 @@ class EventTriggers:
             mapped = trigger.agent_input(event)
             key = trigger.concurrency_key(event)
         except MappingFailed as exc:
-            detail = f"the {exc.section} expression cannot be applied ({exc})"
-            await self._refuse(delivery, "invalid_payload", detail, tenant, event=event)
+            await self._mapping_failed(trigger, delivery, exc, tenant, event)
             return
         await self._remember(run_id, depth + 1, causers | {trigger.id})
         outcome = await self._launcher.launch(
@@ -381,6 +383,29 @@ class EventTriggers:
     ) -> None:
         await self._launcher.refuse(delivery, reason, detail, tenant=tenant, event=event)
         log.info("event_trigger.refused", reason=reason, depth=delivery.depth)
+
+    async def _mapping_failed(
+        self,
+        trigger: EventTrigger,
+        delivery: TriggerDelivery,
+        exc: MappingFailed,
+        tenant: str | None,
+        event: NormalizedEvent,
+    ) -> None:
+        """An expression of the trigger (``when``, ``input``, concurrency key) failed on a valid event: the trigger
+        is at fault, as for a webhook's. Journaled ``trigger.rejected(invalid_payload)`` with a detail starting
+        ``mapping_failed:``, recorded ``mapping_failed`` with the event kept, so that the delivery can be re-driven
+        once the trigger is fixed (``POST /triggers/{id}/deliveries/{delivery_id}/redrive``)."""
+        await self._launcher.refuse(
+            delivery,
+            "invalid_payload",
+            exc.detail(),
+            tenant=tenant,
+            event=event,
+            title=run_title(trigger, event),
+            recorded_as="mapping_failed",
+        )
+        log.info("event_trigger.refused", reason="mapping_failed", failing=exc.where, depth=delivery.depth)
 
     async def _remember(self, run_id: str, depth: int, chain: frozenset[str]) -> None:
         """Store the run's lineage before its ``run.requested`` exists (create-if-absent: redelivery keeps it)."""

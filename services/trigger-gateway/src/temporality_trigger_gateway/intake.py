@@ -343,9 +343,8 @@ class Intake:
         error to answer (422 ``mapping_failed``: the trigger is at fault, not the payload)."""
         trigger = webhook.trigger
         delivery = webhook.delivery()
-        error = str(exc).removeprefix(f"{exc.where}: ")
-        failing = f"the trigger's {exc.where} expression failed on this event: {error}"
-        detail = f"mapping_failed: {failing}"
+        failing = exc.failing()
+        detail = exc.detail()
         with structlog.contextvars.bound_contextvars(
             trigger_id=trigger.id, delivery_id=delivery.delivery_id, source_event_id=delivery.source_event_id
         ):

@@ -347,6 +347,16 @@ class MappingFailed(ValueError):
         self.section = section
         #: The failing expression's place as written: ``input.author``, ``concurrency.key``, ``when``.
         self.where = where
+        self.reason = reason
+
+    def failing(self, on: str = "this event") -> str:
+        """What failed, for a sender or an operator: the expression's place and its error."""
+        return f"the trigger's {self.where} expression failed on {on}: {self.reason}"
+
+    def detail(self, on: str = "this event") -> str:
+        """The ``trigger.rejected(invalid_payload)`` detail of a delivery recorded ``mapping_failed``, whatever
+        the trigger's kind (webhook, event, schedule): the prefix tells a broken trigger from a bad payload."""
+        return f"mapping_failed: {self.failing(on)}"
 
 
 def check_prompt(template: str, fields: Mapping[str, str] | None) -> None:

@@ -236,11 +236,7 @@ async def _relaunch(
                     mapped = trigger.agent_input(event)
                     key = trigger.concurrency_key(event)
             except MappingFailed as exc:  # the trigger is still at fault: recorded (and answered) as such
-                error = str(exc).removeprefix(f"{exc.where}: ")
-                refused = (
-                    "invalid_payload",
-                    f"mapping_failed: the trigger's {exc.where} expression failed on this event: {error}",
-                )
+                refused = ("invalid_payload", exc.detail("the tick" if record.kind == "schedule" else "this event"))
                 recorded_as = "mapping_failed"
         if refused is not None:
             reason, detail = refused

@@ -23,7 +23,8 @@ payload names the trigger, the tick time and the trigger revision it was armed f
 Every tick is a delivery of the launch path (:class:`~.launch.Launcher`): recorded in
 ``trigger-deliveries`` (listed, re-drivable), then the dedupe claim, ``trigger.received`` +
 ``trigger.accepted`` + ``run.requested``, or ``trigger.received`` + ``trigger.rejected`` (``missed_tick``,
-``filtered`` by ``when``, ``invalid_payload``, a concurrency key's ``concurrency_skip``...). The delivery
+``filtered`` by ``when``, ``invalid_payload`` -- recorded ``mapping_failed``, its detail starting ``mapping_failed:``,
+when an expression of the trigger fails on the tick --, a concurrency key's ``concurrency_skip``...). The delivery
 id and the run id (``run_id_for_delivery(trigger id, "tick:<time>")``) derive from the tick, and every
 event id from them, so a redelivered firing is the same delivery: the claim recognises it and the same
 ids are published again (JetStream dedupes them; the run store refuses a second line): one run per tick
@@ -314,6 +315,7 @@ class Scheduler:
         event = tick_event(trigger, at, now=now)
         title = tick_title(trigger, at)
         refused: tuple[RejectReason, str] | None = None
+        recorded_as: str | None = None
         if _missed(trigger, at, now):
             refused = "missed_tick", _missed_detail(trigger, at, now)
         else:
@@ -324,11 +326,14 @@ class Scheduler:
                 else:
                     mapped = trigger.agent_input(event)
                     key = trigger.concurrency_key(event)
-            except MappingFailed as exc:  # journaled, and the trigger keeps ticking
-                refused = "invalid_payload", f"the {exc.section} expression cannot be applied to the tick ({exc})"
+            except MappingFailed as exc:  # the trigger is at fault: journaled, and the trigger keeps ticking
+                refused = "invalid_payload", exc.detail("the tick")
+                recorded_as = "mapping_failed"
         if refused is not None:
             reason, detail = refused
-            await self._launcher.refuse(delivery, reason, detail, tenant=trigger.tenant, event=event, title=title)
+            await self._launcher.refuse(
+                delivery, reason, detail, tenant=trigger.tenant, event=event, title=title, recorded_as=recorded_as
+            )
             return f"rejected:{reason}"
         run_id = run_id_for_delivery(trigger.id, _tick_id(at))
         launched = await self._launcher.launch(

@@ -126,14 +126,17 @@ class AtDeadline(BaseModel):
     """What happens at the request's deadline (``expires_at``) when nobody answered: its policy's ``on_timeout``
     as it applies to this question (a default option the question does not have is ``fail``)."""
 
-    #: ``default``: the run goes ahead with ``default_option``; ``fail``: the run stops without an answer;
-    #: ``cancel``: the run is cancelled.
-    action: Literal["default", "fail", "cancel"]
-    #: The option taken at the deadline (its ``id``, one of ``options``) when ``action`` is ``default``, else None.
-    default_option: str | None = None
-    #: The sentence the Telegram and Matrix messages end with, deadline included (``No answer by 2026-12-07
-    #: 12:38 UTC → I go with “Keep v1”.``).
-    text: str
+    action: Literal["default", "fail", "cancel"] = Field(
+        description="default: the run goes ahead with default_option; fail: the run stops without an answer; "
+        "cancel: the run is cancelled."
+    )
+    default_option: str | None = Field(
+        default=None, description="The option taken at the deadline (its id, one of options) when action is default."
+    )
+    text: str = Field(
+        description="The sentence the Telegram and Matrix messages end with, deadline included: "
+        "'No answer by 2026-12-07 12:38 UTC → I go with “Keep v1”.'"
+    )
 
     @classmethod
     def of(cls, record: HumanRequestRecord) -> AtDeadline:
@@ -155,8 +158,7 @@ class InboxItem(BaseModel):
     channel: str | None
     created_at: datetime
     expires_at: datetime
-    #: What happens at ``expires_at`` when nobody answered (the chats' last line, HUM-5).
-    at_deadline: AtDeadline
+    at_deadline: AtDeadline = Field(description="What happens at expires_at when nobody answered (HUM-5).")
     waiting_s: float
     #: The run's source to open (the PR's web page ...), when its launch event had one (HUM-5).
     source_link: SourceLink | None = None

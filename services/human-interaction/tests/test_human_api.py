@@ -21,10 +21,11 @@ from human_support import (
 
 from temporality_bus import Bus
 from temporality_human_interaction.api import create_app
+from temporality_human_interaction.channels.render import question_text
 from temporality_human_interaction.directory import Directory
 from temporality_human_interaction.requests import RequestHandler
 from temporality_human_interaction.settings import Settings
-from temporality_protocol import HumanAnswered, derive_id
+from temporality_protocol import HumanAnswered, TimeoutPolicy, derive_id
 from temporality_protocol.catalog import TIMER_FIRED_HUMAN, TIMER_SCHEDULE_HUMAN
 from temporality_testing import NatsServer
 from temporality_testing.kv_reads import kv_read_key
@@ -55,11 +56,41 @@ async def test_inbox_lists_only_the_token_owners_pending_requests_newest_first(
     item = alice["requests"][0]
     assert set(item) == {
         "id", "run_id", "title", "question", "context", "options", "allow_free_text",
-        "channel", "created_at", "expires_at", "waiting_s", "source_link", "answer_schema", "form",
+        "channel", "created_at", "expires_at", "at_deadline", "waiting_s", "source_link", "answer_schema", "form",
     }  # fmt: skip
     assert item["waiting_s"] >= 0
     bob = (await client.get("/inbox", headers=BOB)).json()
     assert [r["id"] for r in bob["requests"]] == [bobs]
+
+
+async def test_each_inbox_item_says_what_happens_at_its_deadline_as_the_chats_do(
+    bus: Bus, client: httpx.AsyncClient, handler: RequestHandler
+) -> None:
+    """HUM-5: the web inbox says what the chats' last line says -- the same sentence, from the question's policy --
+    and ``GET /requests/{id}`` does too."""
+    default = await _ask(handler, on_timeout=TimeoutPolicy(action="default", default_option="keep-v1"))
+    cancel = await _ask(handler, on_timeout=TimeoutPolicy(action="cancel"))
+    fail = await _ask(handler)
+
+    items = {r["id"]: r for r in (await client.get("/inbox", headers=ALICE)).json()["requests"]}
+    expected = {
+        default: ("default", "keep-v1", "I go with “Keep the v1 API”"),
+        cancel: ("cancel", None, "the task is cancelled"),
+        fail: ("fail", None, "the task stops without your answer"),
+    }
+    for request_id, (action, option, outcome) in expected.items():
+        record = await stored(bus, request_id)
+        assert record is not None
+        at_deadline = items[request_id]["at_deadline"]
+        deadline = record.expires_at.strftime("%Y-%m-%d %H:%M UTC")
+        assert at_deadline == {
+            "action": action,
+            "default_option": option,
+            "text": f"No answer by {deadline} → {outcome}.",
+        }
+        assert at_deadline["text"] in question_text(record)  # the line the Telegram / Matrix message ends with
+    mine = (await client.get(f"/requests/{default}", headers=ALICE)).json()
+    assert mine["at_deadline"] == items[default]["at_deadline"]
 
 
 @pytest.mark.parametrize(

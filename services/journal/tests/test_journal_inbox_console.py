@@ -105,9 +105,11 @@ async def test_answer_in_the_inbox_and_watch_the_run_complete(
     await expect(card.locator("h2")).to_contain_text("changes a public API contract")
     await expect(card.locator(".why")).to_contain_text("Missing: whether backward compatibility is required")
     await expect(card.locator(".deadline")).to_contain_text("Answer by")
-    # config/triggers.yaml: on_timeout {action: default, default_option: keep-v1} -- from the journal
+    # config/triggers.yaml: on_timeout {action: default, default_option: keep-v1} -- the chats' sentence
+    # (human-interaction's at_deadline.text)
     await expect(card.locator(".on-timeout")).to_have_text(
-        'Without an answer by the deadline the run continues with "Keep the v1 contract".', timeout=WAIT_MS
+        re.compile(r"^No answer by \d{4}-\d\d-\d\d \d\d:\d\d UTC → I go with “Keep the v1 contract”\.$"),
+        timeout=WAIT_MS,
     )
     await expect(card.get_by_role("button", name="Keep the v1 contract")).to_be_visible()
     await expect(card.get_by_role("button", name="Ship it as a breaking v2")).to_be_visible()

@@ -33,7 +33,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import nats.errors
 import structlog
@@ -43,6 +43,7 @@ from pydantic import BaseModel, Field, ValidationError
 from temporality_bus import Bus, TransientError
 from temporality_human_interaction.answers import AnswerSubmission, RequestNotFound, check_recipient
 from temporality_human_interaction.channels import AnswerSink, InboundAnswer
+from temporality_human_interaction.channels.render import if_nobody_answers
 from temporality_human_interaction.directory import Directory, recipient_for, user_id_of
 from temporality_human_interaction.directory_api import OPENAPI_SCHEMAS as DIRECTORY_SCHEMAS
 from temporality_human_interaction.directory_api import directory_router
@@ -73,7 +74,7 @@ from temporality_service import (
 from temporality_service.audit import audit_refusal
 from temporality_service.openapi import add_schemas, component_schemas, json_body, operation
 
-__all__ = ["FormChoice", "FormField", "InboxItem", "InboxView", "RequestView", "create_app"]
+__all__ = ["AtDeadline", "FormChoice", "FormField", "InboxItem", "InboxView", "RequestView", "create_app"]
 
 log = structlog.get_logger(__name__)
 
@@ -121,6 +122,31 @@ class FormField(BaseModel):
         return fields
 
 
+class AtDeadline(BaseModel):
+    """What happens at the request's deadline (``expires_at``) when nobody answered: its policy's ``on_timeout``
+    as it applies to this question (a default option the question does not have is ``fail``)."""
+
+    action: Literal["default", "fail", "cancel"] = Field(
+        description="default: the run goes ahead with default_option; fail: the run stops without an answer; "
+        "cancel: the run is cancelled."
+    )
+    default_option: str | None = Field(
+        default=None, description="The option taken at the deadline (its id, one of options) when action is default."
+    )
+    text: str = Field(
+        description="The sentence the Telegram and Matrix messages end with, deadline included: "
+        "'No answer by 2026-12-07 12:38 UTC → I go with “Keep v1”.'"
+    )
+
+    @classmethod
+    def of(cls, record: HumanRequestRecord) -> AtDeadline:
+        on_timeout = record.policy.on_timeout
+        text = if_nobody_answers(record)
+        if on_timeout.action == "default" and on_timeout.default_option is not None:
+            return cls(action="default", default_option=on_timeout.default_option, text=text)
+        return cls(action="cancel" if on_timeout.action == "cancel" else "fail", text=text)
+
+
 class InboxItem(BaseModel):
     id: str
     run_id: str
@@ -132,6 +158,7 @@ class InboxItem(BaseModel):
     channel: str | None
     created_at: datetime
     expires_at: datetime
+    at_deadline: AtDeadline = Field(description="What happens at expires_at when nobody answered (HUM-5).")
     waiting_s: float
     #: The run's source to open (the PR's web page ...), when its launch event had one (HUM-5).
     source_link: SourceLink | None = None
@@ -198,6 +225,7 @@ def _common(record: HumanRequestRecord, now: datetime) -> dict[str, Any]:
         "channel": record.channel,
         "created_at": record.created_at,
         "expires_at": record.expires_at,
+        "at_deadline": AtDeadline.of(record),
         "waiting_s": record.waited_s(until),
         "source_link": record.source_link,
         "answer_schema": record.answer_schema,

@@ -48,6 +48,7 @@ __all__ = [
     "NoSuchOption",
     "clip_message",
     "cut_note",
+    "deadline_outcome",
     "fitted",
     "if_nobody_answers",
     "inbox_note",
@@ -212,17 +213,22 @@ def _deadline(record: HumanRequestRecord) -> str:
     return record.expires_at.strftime("%Y-%m-%d %H:%M UTC")
 
 
-def if_nobody_answers(record: HumanRequestRecord) -> str:
-    """``no answer by <deadline> -> <what happens>``."""
+def deadline_outcome(record: HumanRequestRecord) -> str:
+    """What happens at ``record``'s deadline when nobody answered, as the question says it (``I go with “Keep
+    v1”``, ``the task is cancelled``, ``the task stops without your answer``): from its policy's ``on_timeout``."""
     on_timeout = record.policy.on_timeout
     if on_timeout.action == "default" and on_timeout.default_option is not None:
         option = record.option(on_timeout.default_option)
-        outcome = f"I go with “{option.label if option else on_timeout.default_option}”"
-    elif on_timeout.action == "cancel":
-        outcome = "the task is cancelled"
-    else:
-        outcome = "the task stops without your answer"
-    return f"No answer by {_deadline(record)} → {outcome}."
+        return f"I go with “{option.label if option else on_timeout.default_option}”"
+    if on_timeout.action == "cancel":
+        return "the task is cancelled"
+    return "the task stops without your answer"
+
+
+def if_nobody_answers(record: HumanRequestRecord) -> str:
+    """``No answer by <deadline> → <what happens>.`` (:func:`deadline_outcome`): the chats' line, and the web
+    inbox's ``at_deadline.text``."""
+    return f"No answer by {_deadline(record)} → {deadline_outcome(record)}."
 
 
 #: Said after the way to answer: a message that replies to nothing is bound to the chat's one open question.

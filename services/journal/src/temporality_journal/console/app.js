@@ -3106,7 +3106,12 @@ function inboxCard(item, signal) {
       send({ text: value }, `“${value}”`);
     });
   }
-  const timeout = item.on_timeout?.summary ?? "What happens without an answer is not known yet.";
+  // What happens at the deadline: human-interaction's at_deadline.text, the sentence the Telegram / Matrix question
+  // ends with ("No answer by … → I go with “Keep v1”."); the journal's on_timeout.summary when it says more
+  // (reminders, an escalation before the deadline) or an older human-interaction sent no at_deadline.
+  const onTimeout = item.on_timeout;
+  const timeout = (onTimeout?.renotify || onTimeout?.escalate ? onTimeout.summary : null)
+    ?? item.at_deadline?.text ?? onTimeout?.summary ?? "What happens without an answer is not known yet.";
   const link = item.source_link; // the run's source (HUM-5); human-interaction sends only http(s) links
   card.append(...[ // DOM append writes a null as the text "null": the absent parts are left out
     h("p", { class: "muted task" }, uncut(item.title)),

@@ -28,7 +28,7 @@ from nats.js.kv import KeyValue
 from pydantic import BaseModel
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
 
-from temporality_bus.errors import PermanentError, TransientError
+from temporality_bus.errors import PayloadTooLarge, TransientError
 from temporality_bus.pipeline import JS_TIMEOUT_S, Pipeline, PublishResult, Write, event_write
 from temporality_bus.routing import _read_headers_fast
 from temporality_bus.settings import NatsSettings
@@ -410,7 +410,7 @@ class Bus:
         try:
             ack = await self.js.publish(subject, payload, headers=headers)
         except nats.errors.MaxPayloadError as exc:
-            raise PermanentError(f"{len(payload)} bytes exceed the server's max_payload") from exc
+            raise PayloadTooLarge(len(payload)) from exc
         except (nats.errors.Error, OSError) as exc:  # timeouts, no responders/stream, closed/reset connections
             raise TransientError(f"publish to {subject} failed: {exc!r}") from exc
         result = PublishResult(stream=ack.stream, seq=ack.seq, duplicate=bool(ack.duplicate))

@@ -35,6 +35,14 @@ class PermanentError(BusError):
     """Retrying cannot help (bad data, a refused protocol version, an illegal transition)."""
 
 
+class PayloadTooLarge(PermanentError):
+    """A message larger than the server's ``max_payload``: :attr:`size` its bytes (never sent)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(f"{size} bytes exceed the server's max_payload")
+        self.size = size
+
+
 class TransientError(BusError):
     """Retrying may help (a peer is down, a race was lost)."""
 

@@ -59,7 +59,7 @@ from nats.aio.msg import Msg
 from pydantic import BaseModel, ValidationError
 from pydantic_core import from_json
 
-from temporality_bus.errors import BusError, Conflict, PermanentError, TransientError
+from temporality_bus.errors import BusError, Conflict, PayloadTooLarge, TransientError
 from temporality_bus.routing import _LazyHeadersMsg, _route
 from temporality_bus.tracing import producer_context, traced
 from temporality_protocol import CONTENT_TYPE, EncodedEvent, Envelope, encode
@@ -170,7 +170,7 @@ class Pipeline:
         max_payload = self._bus.nc.max_payload
         for write in writes:
             if len(write.payload) > max_payload:
-                raise PermanentError(f"{len(write.payload)} bytes exceed the server's max_payload")
+                raise PayloadTooLarge(len(write.payload))
         prefix = await self._inbox()
         loop = asyncio.get_running_loop()
         retry_until = loop.time() + self._bus.js.no_stream_retry_s  # (as Bus.js.publish: from the first send)
@@ -451,7 +451,7 @@ async def _send(
 def _unsent(write: Write, exc: BaseException) -> BusError:
     """The error of a write that was not sent because of ``exc``."""
     if isinstance(exc, nats.errors.MaxPayloadError):
-        return _caused(PermanentError(f"{len(write.payload)} bytes exceed the server's max_payload"), exc)
+        return _caused(PayloadTooLarge(len(write.payload)), exc)
     return _caused(TransientError(f"publish to {write.subject} failed: {exc!r}"), exc)
 
 

@@ -91,7 +91,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -108,6 +107,7 @@ from temporality_bus import (
     Conflict,
     Delivery,
     NotFound,
+    PayloadTooLarge,
     PermanentError,
     PublishResult,
     Store,
@@ -271,8 +271,13 @@ _STATE_WRITES = (
     DeliverMail,
     AnswerElicitation,
 )
-#: How the bus says a write is larger than the server's ``max_payload`` (``temporality_bus``'s PermanentError).
-_OVERSIZE = re.compile(r"(\d+) bytes exceed the server's max_payload")
+
+
+def _oversize(error: Exception) -> int | None:
+    """The size of a write the bus refused as larger than the server's ``max_payload`` (0: unknown), else ``None``."""
+    if isinstance(error, PayloadTooLarge):
+        return error.size
+    return 0 if isinstance(error, nats.errors.MaxPayloadError) else None
 
 
 def _attempt(delivery: Delivery, max_deliver: int) -> Attempt:
@@ -856,16 +861,12 @@ class Engine:
         connection) means for the run; ``None``: another failure, or not such a write."""
         if not isinstance(effect, _STATE_WRITES):
             return None
-        found = _OVERSIZE.search(str(error))
-        if found is None and not isinstance(error, nats.errors.MaxPayloadError):
+        size = _oversize(error)
+        if size is None:
             return None
         saved = effect.checkpoint if isinstance(effect, SaveCheckpoint | CreateCheckpoint) else None
-        if found is not None:
-            size = int(found[1])
-        elif saved is not None:
+        if not size and saved is not None:
             size = len(saved.model_dump_json().encode())
-        else:
-            size = 0
         what: Literal["conversation", "reply"] = "reply" if isinstance(effect, KeepReply) else "conversation"
         log.error("run.too_large", what=what, size=size, max_payload=self.bus.nc.max_payload)
         return TooLarge(what=what, size=size, limit=self.bus.nc.max_payload, checkpoint=saved)
@@ -874,14 +875,13 @@ class Engine:
         """What a change of the run record that the bus refused as larger than its ``max_payload`` means: the run
         fails ``conversation_too_large`` -- unless that failure is what did not fit (then ``None``: the error
         stands, as for any other write)."""
-        found = _OVERSIZE.search(str(error))
-        if found is None and not isinstance(error, nats.errors.MaxPayloadError):
+        size = _oversize(error)
+        if size is None:
             return None
         for effect in effects:
             ending = effect.changes.get("ending") if isinstance(effect, Transition) else None
             if isinstance(ending, Ending) and ending.reason == CONVERSATION_TOO_LARGE:
                 return None
-        size = int(found[1]) if found is not None else 0
         log.error("run.too_large", what="record", size=size, max_payload=self.bus.nc.max_payload)
         return TooLarge(what="record", size=size, limit=self.bus.nc.max_payload)
 

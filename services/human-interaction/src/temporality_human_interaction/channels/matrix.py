@@ -79,7 +79,10 @@ from temporality_human_interaction.channels.base import (
 from temporality_human_interaction.channels.lease import InboundLease
 from temporality_human_interaction.channels.refs import ChannelRefs, ref_key
 from temporality_human_interaction.channels.render import (
+    EDIT_IGNORED,
     MATRIX_CONTENT_LIMIT,
+    NOT_GUESSED,
+    NOT_PLACED,
     NoSuchOption,
     fitted,
     matrix_content_size,
@@ -110,15 +113,6 @@ _HINT = "react with an option's number, vote in the poll, or reply to this messa
 _TRY_AGAIN = "Your answer could not be recorded right now. Please try again in a moment."
 #: What a message that answers no question is told (then which questions are open here, if any).
 _HOW_TO_ANSWER = "To answer a question, reply to its message, or react to it with an option's number."
-#: Why an edit is not taken as an answer (then how to answer).
-_EDIT_IGNORED = (
-    "Not recorded: an edited message is never taken as an answer, and editing does not change an answer already"
-    " recorded."
-)
-#: Why a reply to a hint listing several questions is not bound to one of them.
-_NOT_GUESSED = "Not recorded: that message lists several questions; which one you mean is not guessed."
-#: Why a reply to an event of the bot's that is about no question it knows is not bound.
-_NOT_PLACED = "Not recorded: the message you replied to is not a question I can place."
 #: A hint lists at most this many open questions.
 _LISTED = 5
 _RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)
@@ -520,7 +514,7 @@ class MatrixAdapter(ChannelAdapter):
             return False  # a reply to the person's own message: as a plain message
         asked, _ = await self._asked_in(room_id)
         open_ = _open(asked)
-        await self._send_hint(room_id, source, open_, lead=_NOT_GUESSED if listed is not None else _NOT_PLACED)
+        await self._send_hint(room_id, source, open_, lead=NOT_GUESSED if listed is not None else NOT_PLACED)
         return True
 
     async def _sent_by_bot(self, room_id: str, event_id: str) -> bool:
@@ -535,7 +529,7 @@ class MatrixAdapter(ChannelAdapter):
         asked, ended = await self._asked_in(room_id)
         if not asked and not ended:
             return
-        await self._send_hint(room_id, source, _open(asked), lead=_EDIT_IGNORED)
+        await self._send_hint(room_id, source, _open(asked), lead=EDIT_IGNORED)
 
     async def _on_bare(self, room_id: str, source: dict[str, Any], body: str, sender: str) -> None:
         """A message that answers no question by itself: bound to the room's open question when exactly one is open,

@@ -42,7 +42,10 @@ from temporality_human_interaction.records import HumanRequestRecord
 from temporality_protocol import HumanOption, HumanRequestState, OptionAnswer, SourceLink, TextAnswer
 
 __all__ = [
+    "EDIT_IGNORED",
     "MATRIX_CONTENT_LIMIT",
+    "NOT_GUESSED",
+    "NOT_PLACED",
     "TELEGRAM_CALLBACK_TEXT_LIMIT",
     "TELEGRAM_TEXT_LIMIT",
     "NoSuchOption",
@@ -85,6 +88,15 @@ TELEGRAM_CALLBACK_TEXT_LIMIT = 200
 MATRIX_CONTENT_LIMIT = 56_000
 #: A question's title as a confirmation or a hint names it.
 _SHORT_TITLE = 60
+#: Why an edited message is not taken as an answer (then how to answer): every chat channel.
+EDIT_IGNORED = (
+    "Not recorded: an edited message is never taken as an answer, and editing does not change an answer already"
+    " recorded."
+)
+#: Why a reply to a hint listing several questions is not bound to one of them.
+NOT_GUESSED = "Not recorded: that message lists several questions; which one you mean is not guessed."
+#: Why a reply to a message of the bot's that is about no question it knows is not bound.
+NOT_PLACED = "Not recorded: the message you replied to is not a question I can place."
 
 
 def utf16_len(text: str) -> int:

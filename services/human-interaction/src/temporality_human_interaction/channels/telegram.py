@@ -85,6 +85,9 @@ from temporality_human_interaction.channels.base import (
 from temporality_human_interaction.channels.lease import InboundLease
 from temporality_human_interaction.channels.refs import ChannelRefs, ref_key
 from temporality_human_interaction.channels.render import (
+    EDIT_IGNORED,
+    NOT_GUESSED,
+    NOT_PLACED,
     TELEGRAM_CALLBACK_TEXT_LIMIT,
     TELEGRAM_TEXT_LIMIT,
     NoSuchOption,
@@ -125,15 +128,6 @@ _TRY_AGAIN = "Your answer could not be recorded right now. Please try again in a
 _HINT = "tap an option below"
 #: What a message that is no answer to a question is told (then which questions are open, if any).
 _HOW_TO_ANSWER = "To answer a question, reply to the question's message (or tap an option)."
-#: Why an edited message is not taken as an answer (then how to answer).
-_EDIT_IGNORED = (
-    "Not recorded: an edited message is never taken as an answer, and editing does not change an answer already"
-    " recorded."
-)
-#: Why a reply to a hint listing several questions is not bound to one of them.
-_NOT_GUESSED = "Not recorded: that message lists several questions; which one you mean is not guessed."
-#: Why a reply to a message of the bot's that is about no question it knows is not bound.
-_NOT_PLACED = "Not recorded: the message you replied to is not a question I can place."
 #: A hint lists at most this many open questions.
 _LISTED = 5
 
@@ -427,7 +421,7 @@ class TelegramAdapter(ChannelAdapter):
         if listed is None and not from_bot:
             return False  # a reply to the person's own message (or someone else's): as a plain message
         open_ = await self._open_questions(message.chat_id) if message.chat.type == "private" else []
-        lead = _NOT_GUESSED if listed is not None else _NOT_PLACED
+        lead = NOT_GUESSED if listed is not None else NOT_PLACED
         await self._send_hint(message, open_, lead=lead)
         return True
 
@@ -435,7 +429,7 @@ class TelegramAdapter(ChannelAdapter):
         """An edited message: never bound (it would bind to whatever question is open now, not the one the original
         answered), and a recorded answer is never changed. The person is told so, and how to answer."""
         open_ = await self._open_questions(message.chat_id) if message.chat.type == "private" else []
-        await self._send_hint(message, open_, lead=_EDIT_IGNORED)
+        await self._send_hint(message, open_, lead=EDIT_IGNORED)
 
     async def _send_hint(self, message: Message, open_: list[HumanRequestRecord], *, lead: str = "") -> None:
         """Reply with how to answer and which questions are open (:func:`_hint`). A hint naming one question is kept

@@ -358,8 +358,8 @@ class Stack:
         assert signed is not None
         doc, self.example_agent_was_unsigned = signed
         header = (
-            f"# Made by temporality up at each start from {source}: {EXAMPLE_AGENT_ID} signs with the key\n"
-            f"# {self.example_agent_key_file}. Edit that file, not this one (--no-example-agent-key: it as it is).\n"
+            f"# Made by temporality up at each start from {source}, with {EXAMPLE_AGENT_ID}'s public key\n"
+            f"# (its key: {self.example_agent_key_file}). Edit {source}, not this copy.\n"
         )
         derived = self.data_dir / "external-agents.effective.yaml"
         _write_private(derived, (header + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)).encode("utf-8"))

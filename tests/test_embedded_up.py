@@ -28,6 +28,7 @@ from temporality_protocol.catalog import EVENTS_STREAM
 pytestmark = pytest.mark.e2e
 SCRIPT = Path(sys.executable).parent / "temporality"
 AGENT = Path(__file__).resolve().parents[1] / "examples" / "external-agent" / "agent.py"
+README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def free_ports() -> dict[str, int]:
@@ -119,12 +120,44 @@ def _example_agent(out: str) -> list[str]:
     raise AssertionError(f"no example agent command printed: {out}")
 
 
+def _example_agent_lines(banner: list[str]) -> list[str]:
+    """The banner's lines about the example agent: from its key to its command."""
+    start = next(i for i, line in enumerate(banner) if line.startswith("  example-agent key "))
+    end = next(i for i, line in enumerate(banner) if "examples/external-agent/agent.py" in line)
+    return banner[start : end + 1]
+
+
+def _readme_agrees_on_the_example_agent(out: str) -> None:
+    """README's ``make up`` banner shows the example agent's lines as ``temporality up`` prints them: the same
+    labels and wording (values aside), the command with the same options in the same order."""
+    text = README.read_text(encoding="utf-8")
+    block = text.split("`make up` prints where everything is:", 1)[1].split("```", 2)[1].splitlines()
+    documented, printed = _example_agent_lines(block), _example_agent_lines(out.splitlines())
+    assert len(documented) == len(printed), (documented, printed)
+    for doc_line, line in zip(documented[:-1], printed[:-1], strict=True):
+        if doc_line.startswith("                            "):
+            assert doc_line == line, "README's banner says it otherwise"
+        else:  # label, value, (explanation): the label as printed
+            assert doc_line[:29] == line[:29], (doc_line, line)
+    options = [[w for w in shlex.split(c) if w.startswith("--")] for c in (documented[-1], printed[-1])]
+    assert options[0] == options[1], f"README's example agent command has other options: {documented[-1]}"
+    assert "--key-file ./.temporality/example-agent.key" in documented[-1]
+
+
 def _reply_public_key(out: str) -> str:
     """agent-collab's reply public key ``temporality up`` printed."""
     for line in out.splitlines():
         if "agent-collab reply key" in line:
             return line.split()[3]
     raise AssertionError(f"no reply key printed: {out}")
+
+
+def _example_agent_key(out: str) -> str:
+    """The example agent's public key ``temporality up`` printed."""
+    for line in out.splitlines():
+        if "example-agent key" in line:
+            return line.split()[2]
+    raise AssertionError(f"no example agent key printed: {out}")
 
 
 async def _read_journal(url: str, durable: str, inbox: str, until: str) -> list[dict[str, object]]:
@@ -246,14 +279,42 @@ def test_up_prints_the_urls_serves_the_webhook_stops_on_ctrl_c_and_keeps_its_sta
         assert key_file.stat().st_mode & 0o077 == 0, "the reply key is readable by others"
         assert (data_dir / "collab-reply-key.pub").read_text(encoding="utf-8").strip() == public_key
         command = _example_agent(out)
+        _readme_agrees_on_the_example_agent(out)
         assert command[command.index("--nats-url") + 1] == agent_url
         assert command[command.index("--collab-public-key") + 1] == public_key
+        # the example agent signs (AP-11): up made its key (0600 in the data dir) and gave agent-collab the config
+        # dir's allow-list with its public key; the printed command signs with it; config/ itself is unchanged
+        agent_key = data_dir / "example-agent.key"
+        assert Path(command[command.index("--key-file") + 1]) == agent_key.resolve()
+        assert agent_key.stat().st_mode & 0o077 == 0, "the example agent's key is readable by others"
+        agent_key_pem = agent_key.read_bytes()
+        agent_public = _example_agent_key(out)
+        assert (data_dir / "example-agent.pub").read_text(encoding="utf-8").strip() == agent_public
+        assert "allow_unsigned" not in (CONFIG / "external-agents.yaml").read_text(encoding="utf-8").replace(
+            "`allow_unsigned", ""
+        ), "the shipped allow-list accepts an unsigned agent"
         agent = subprocess.run(
             [*command, "--beats", "1", "--period-s", "0.2"], capture_output=True, text=True, timeout=60
         )
         assert agent.returncode == 0, (agent.stdout, agent.stderr)
         assert "heartbeat 1" in agent.stderr, agent.stderr
         assert "replies are not checked" not in agent.stderr, agent.stderr
+        assert "sending unsigned requests" not in agent.stderr, agent.stderr
+        # unsigned, the same agent is refused at registration (exit 3): nobody is allow_unsigned by default
+        keyless = [*command[: command.index("--key-file")], *command[command.index("--key-file") + 2 :]]
+        unsigned = subprocess.run([*keyless, "--beats", "1"], capture_output=True, text=True, timeout=60)
+        assert unsigned.returncode == 3, (unsigned.stdout, unsigned.stderr)
+        assert "registration refused (unsigned)" in unsigned.stderr, unsigned.stderr
+        # signed with another key it is refused too (the listed public key is the one up made)
+        stranger = tmp_path / "stranger.key"
+        keygen = subprocess.run(
+            [sys.executable, str(AGENT), "keygen", "--out", str(stranger)], capture_output=True, text=True, timeout=30
+        )
+        assert keygen.returncode == 0, keygen.stderr
+        other_key = [*keyless, "--key-file", str(stranger)]
+        impostor = subprocess.run([*other_key, "--beats", "1"], capture_output=True, text=True, timeout=60)
+        assert impostor.returncode == 3, (impostor.stdout, impostor.stderr)
+        assert "registration refused (bad_signature)" in impostor.stderr, impostor.stderr
         # the replies really are signed: checked against another key, the first reply stops the agent (exit 8)
         other = base64.b64encode(Ed25519PrivateKey.generate().public_key().public_bytes_raw()).decode()
         forged = [*command[: command.index("--collab-public-key") + 1], other]
@@ -280,6 +341,9 @@ def test_up_prints_the_urls_serves_the_webhook_stops_on_ctrl_c_and_keeps_its_sta
         # registers and heartbeats
         command_again = _example_agent(out_again)
         assert command_again[command_again.index("--collab-public-key") + 1] == public_key
+        assert _example_agent_key(out_again) == agent_public, "the example agent's key must survive a restart"
+        assert agent_key.read_bytes() == agent_key_pem
+        assert command_again[command_again.index("--key-file") + 1] == str(agent_key.resolve())
         agent_again = subprocess.run(
             [*command_again, "--beats", "1", "--period-s", "0.2"], capture_output=True, text=True, timeout=60
         )

@@ -73,7 +73,11 @@ def _config(tmp_path: Path) -> Path:
 def external_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     root = tmp_path_factory.mktemp("external-stack")
     stack = make_stack(root, config_dir=_config(root), TEMPORALITY_COLLAB_HEARTBEAT_GRACE_S="1")
+    # as `temporality up` runs it: the example agent signs (AP-11) with the key the stack makes, and agent-collab
+    # reads the shipped allow-list with its public key
+    stack.config.example_agent_key = True
     stack.start()
+    assert stack.example_agent_public_key is not None
     try:
         yield stack
     finally:
@@ -93,6 +97,8 @@ async def _start_agent(stack: Stack, log: Path, *extra: str) -> asyncio.subproce
             str(AGENT),
             "--nats-url",
             stack.nats.url,
+            "--key-file",
+            str(stack.example_agent_key_file),
             "--work",
             "--tasks",
             "1",
@@ -211,6 +217,8 @@ async def test_the_example_agent_takes_a_task_asks_is_killed_resumes_and_finishe
             assert len(events.of_type("run.completed", run_id=run_id)) == 1
             log_text = agent_log.read_text()
             assert "resuming task" in log_text, log_text
+            assert "sending unsigned requests" not in log_text, "the example agent must sign"
+            assert not events.of_type("agent.message_refused"), "a message of the signing agent was refused"
     finally:
         await stop_processes(agent, second)
         await events.close()

@@ -21,15 +21,17 @@ the agent's own subject, ``temporality.rpc.agents.<agent id>.<operation>``. It
     python examples/external-agent/agent.py --nats-url nats://127.0.0.1:4222 --key-file example-agent.key
 
 Against a NATS with per-user permissions (``make up`` prints the URL of the ``example-agent`` user, and this
-agent's whole command line with it, ``--collab-public-key`` included), put the user in the URL (``nats://example-agent:<password>@127.0.0.1:<port>``): the replies then arrive below
+agent's whole command line with it, ``--key-file`` and ``--collab-public-key`` included), put the user in the URL (``nats://example-agent:<password>@127.0.0.1:<port>``): the replies then arrive below
 ``_INBOX.example-agent``, the one inbox prefix that user may subscribe to (``--inbox-prefix`` to override).
 A NATS server with TLS: ``--nats-url tls://...``, and ``--tls-ca ca.pem`` when its certificate comes from a
 private CA (nats-py checks it against the system's trust store otherwise).
 
-The agent id must be on agent-collab's allow-list with that public key (``public_key:``); the
-repository's ``config/external-agents.yaml`` lists ``example-agent`` as ``allow_unsigned`` for
-development, so without ``--key-file`` (or ``TEMPORALITY_AGENT_KEY_FILE``) it sends unsigned
-requests, which only such an agent may. Exit codes: 0 done, 2 unusable key file, 3 registration
+The agent id must be on agent-collab's allow-list with that public key (``public_key:``). The
+repository's ``config/external-agents.yaml`` lists ``example-agent`` without one: ``temporality up`` makes
+its key (``<data-dir>/example-agent.key``), gives agent-collab the list with its public key and prints this
+command with ``--key-file``; anywhere else add the line ``keygen`` prints. Without ``--key-file`` (or
+``TEMPORALITY_AGENT_KEY_FILE``) it sends unsigned requests, which only an agent marked ``allow_unsigned``
+(development only) may. Exit codes: 0 done, 2 unusable key file, 3 registration
 refused, 4 a heartbeat refused, 5 a reply that does not match its schema, 6 no reply in time (or no connection), 7 a task
 message refused, 8 a reply not signed by agent-collab.
 

@@ -24,7 +24,7 @@ from temporality_bus import NatsSettings
 from temporality_embedded import datadir, dlq, status
 from temporality_embedded.natsserver import NatsUser, authorization_block, password_variable
 from temporality_embedded.processes import SERVICES, port_free
-from temporality_embedded.stack import Stack, StackConfig, TokenFileError
+from temporality_embedded.stack import EXAMPLE_AGENT_ID, Stack, StackConfig, TokenFileError
 from temporality_embedded.supervisor import Supervisor, not_ready
 from temporality_protocol.catalog import EVENTS_STREAM
 from temporality_protocol.permissions import (
@@ -53,7 +53,7 @@ __all__ = [
 DEFAULT_SUBSCRIBERS: tuple[str, ...] = ("example",)
 #: The external agents ``temporality up`` makes NATS users for when ``--nats-external-agent`` names none: the
 #: example agent of ``config/external-agents.yaml``.
-DEFAULT_EXTERNAL_AGENTS: tuple[str, ...] = ("example-agent",)
+DEFAULT_EXTERNAL_AGENTS: tuple[str, ...] = (EXAMPLE_AGENT_ID,)
 
 
 def _out(line: str = "") -> None:
@@ -293,10 +293,21 @@ def _up(args: argparse.Namespace) -> int:
             f"  agent-collab reply key     {stack.collab_public_key}   (public key: agent-collab signs its replies "
             f"to external agents; {stack.collab_reply_key_file.with_suffix('.pub')}, kept across restarts)"
         )
+    if stack.example_agent_public_key is not None:
+        _out(
+            f"  example-agent key          {stack.example_agent_public_key}   (public key of "
+            f"{stack.example_agent_key_file}, kept across restarts; agent-collab reads {stack.configured_allow_list} "
+            f"with it as {stack.allow_list_file})"
+        )
+        if stack.example_agent_was_unsigned:
+            _out(
+                f"note: {EXAMPLE_AGENT_ID} is allow_unsigned in {stack.configured_allow_list}: it must sign with the key "
+                "above instead (--no-example-agent-key: the file as it is)"
+            )
     example = _example_agent_command(stack)
     if example is not None:
-        _out("  Example external agent     (from the repository's root; it checks agent-collab's reply signatures")
-        _out("                             with --collab-public-key when the stack signs them)")
+        _out("  Example external agent     (from the repository's root; it signs its messages with --key-file and")
+        _out("                             checks agent-collab's reply signatures with --collab-public-key)")
         _out(f"    {example}")
     _out(f"  Data and logs              {stack.data_dir}   (logs in {stack.data_dir / 'run'})")
     supervisor = Supervisor(stack, _out, restart=args.restart)
@@ -338,6 +349,7 @@ def stack_config(args: argparse.Namespace) -> StackConfig:
         nats_subscribers=tuple(args.nats_subscriber or DEFAULT_SUBSCRIBERS),
         nats_external_agents=tuple(args.nats_external_agent or DEFAULT_EXTERNAL_AGENTS),
         collab_reply_key=args.collab_reply_key,
+        example_agent_key=args.example_agent_key,
         nats_sync_interval="always" if args.sync_always else None,
         journal_sqlite_synchronous=args.sqlite_synchronous or ("full" if args.sync_always else None),
         console_sign_in=args.console_sign_in,
@@ -348,9 +360,10 @@ def stack_config(args: argparse.Namespace) -> StackConfig:
 
 def _example_agent_command(stack: Stack) -> str | None:
     """How to run ``examples/external-agent/agent.py`` against this stack as the ``example-agent`` of
-    ``config/external-agents.yaml``: its NATS URL (its own user with NATS auth) and, when agent-collab signs
-    its replies, ``--collab-public-key``. ``None`` when NATS auth is on and there is no ``example-agent`` user."""
-    agent_id = DEFAULT_EXTERNAL_AGENTS[0]
+    ``config/external-agents.yaml``: its NATS URL (its own user with NATS auth), ``--key-file`` when the stack
+    gave agent-collab its public key (:attr:`Stack.example_agent_public_key`) and, when agent-collab signs its
+    replies, ``--collab-public-key``. ``None`` when NATS auth is on and there is no ``example-agent`` user."""
+    agent_id = EXAMPLE_AGENT_ID
     url = stack.nats.url
     if stack.nats_admin is not None:
         agent = stack.external_agent(agent_id)
@@ -359,6 +372,8 @@ def _example_agent_command(stack: Stack) -> str | None:
         user, password, _inbox = agent
         url = url.replace("nats://", f"nats://{user}:{password}@", 1)
     words = [_python(), "examples/external-agent/agent.py", "--nats-url", url]
+    if stack.example_agent_public_key is not None:
+        words += ["--key-file", str(stack.example_agent_key_file)]
     if stack.collab_public_key is not None:
         words += ["--collab-public-key", stack.collab_public_key]
     return shlex.join(words)
@@ -515,6 +530,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="agent-collab signs its replies to external agents with an Ed25519 key kept in "
         "<data-dir>/collab-reply-key.pem (made on first start; public key in collab-reply-key.pub) "
         "(default: on; --no-collab-reply-key: unsigned replies)",
+    )
+    p_up.add_argument(
+        "--example-agent-key",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help=f"the example agent ({EXAMPLE_AGENT_ID}) signs its messages with an Ed25519 key kept in "
+        f"<data-dir>/{EXAMPLE_AGENT_ID}.key (made on first start): agent-collab reads the config dir's "
+        "external-agents.yaml with its public key in place of allow_unsigned, as "
+        "<data-dir>/external-agents.effective.yaml, when it lists the agent without a public_key (default: on; "
+        "--no-example-agent-key: the file as it is)",
     )
     p_up.add_argument(
         "--console-sign-in",

@@ -15,7 +15,9 @@ import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import yaml
 from pydantic import SecretStr
 
 from temporality_bus import NatsSettings
@@ -32,13 +34,14 @@ from temporality_protocol.permissions import (
     subscriber_user,
 )
 from temporality_service.auth import ApiToken, Role, TokenFileError, dump_tokens, load_tokens
-from temporality_service.secret_files import SIGN_IN_SECRETS, ensure_secret_file
+from temporality_service.secret_files import SIGN_IN_SECRETS, ensure_ed25519_key, ensure_secret_file
 from temporality_service.secret_files import ensure_ed25519_key as ensure_reply_key
 from temporality_service.timers_migrate import migrate
 
 __all__ = [
     "ADMIN_TOKEN_NAME",
     "COLLAB_REPLY_KEY_ID",
+    "EXAMPLE_AGENT_ID",
     "NATS_ADMIN",
     "STOP_ORDER",
     "Stack",
@@ -50,6 +53,7 @@ __all__ = [
     "ensure_secret_file",
     "ensure_tokens_file",
     "migrate_timers",
+    "sign_listed_agent",
     "stop_tiers",
 ]
 
@@ -143,6 +147,14 @@ class StackConfig:
     #: ``collab-reply-key.pub`` next to it (:attr:`Stack.collab_public_key`). Off here; ``temporality up``
     #: turns it on unless ``--no-collab-reply-key``.
     collab_reply_key: bool = False
+    #: The example agent of ``config/external-agents.yaml`` signs its messages (AP-11) with an Ed25519 key in
+    #: ``<data_dir>/example-agent.key`` (mode 0600, public key in ``example-agent.pub``), made on first start and
+    #: reused afterwards: when the configured allow-list lists :data:`EXAMPLE_AGENT_ID` without a ``public_key`` of
+    #: its own, agent-collab reads a copy of it (``<data_dir>/external-agents.effective.yaml``, written at each
+    #: start) where that agent has the key's ``public_key`` instead of any ``allow_unsigned``; the configured file
+    #: is never changed (:func:`sign_listed_agent`). Off here; ``temporality up`` turns it on unless
+    #: ``--no-example-agent-key``.
+    example_agent_key: bool = False
     #: The embedded nats-server's JetStream fsync interval (``sync_interval``): ``"always"`` fsyncs before every
     #: acknowledgement (nothing acknowledged is lost to a power cut; several times slower publishes), a duration
     #: (``"10s"``) bounds that window; ``None``: the server's default (two minutes). ``temporality up
@@ -175,6 +187,8 @@ NATS_ADMIN = "temporality-admin"
 #: The key id of agent-collab's signed replies (``TEMPORALITY_COLLAB_REPLY_KEY_ID``; the example agent's default
 #: ``--collab-key-id``).
 COLLAB_REPLY_KEY_ID = "agent-collab"
+#: The agent id of the example external agent (``examples/external-agent/agent.py``, ``config/external-agents.yaml``).
+EXAMPLE_AGENT_ID = "example-agent"
 #: The name of the admin token ``temporality up`` creates.
 ADMIN_TOKEN_NAME = "local-admin"
 
@@ -229,6 +243,28 @@ def ensure_tokens_file(path: Path) -> list[ApiToken]:
     return tokens
 
 
+def sign_listed_agent(text: str, agent_id: str, public_key: str) -> tuple[dict[str, Any], bool] | None:
+    """The allow-list ``text`` (an ``external-agents.yaml``) with agent ``agent_id`` given ``public_key`` (raw,
+    base64) in place of ``allow_unsigned``, and whether it had ``allow_unsigned: true``; everything else as it is.
+    ``None`` when there is nothing to give it the key in: ``text`` is not YAML, not a mapping with a list of agents,
+    or does not list ``agent_id`` exactly once as a mapping without a ``public_key`` of its own (an operator's key
+    stands). Checking the rest is agent-collab's business: it reads the result as it would the file."""
+    try:
+        doc: Any = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return None
+    agents = doc.get("agents") if isinstance(doc, dict) else None
+    if not isinstance(agents, list):
+        return None
+    listed = [i for i, a in enumerate(agents) if isinstance(a, dict) and a.get("id") == agent_id]
+    if len(listed) != 1 or agents[listed[0]].get("public_key") is not None:
+        return None
+    entry = dict(agents[listed[0]])
+    unsigned = entry.pop("allow_unsigned", False) is True
+    entry["public_key"] = public_key
+    return {**doc, "agents": [*agents[: listed[0]], entry, *agents[listed[0] + 1 :]]}, unsigned
+
+
 class Stack:
     def __init__(self, config: StackConfig) -> None:
         check_stop_order()
@@ -261,6 +297,14 @@ class Stack:
         #: agent-collab's reply public key (raw, base64), once :meth:`start` made or read the key; ``None``
         #: without :attr:`StackConfig.collab_reply_key`.
         self.collab_public_key: str | None = None
+        #: The example agent's public key (raw, base64), once :meth:`start` gave agent-collab an allow-list with it
+        #: (:attr:`StackConfig.example_agent_key`); ``None`` otherwise (off, or the configured file has no place for
+        #: it: see :func:`sign_listed_agent`).
+        self.example_agent_public_key: str | None = None
+        #: Whether the configured allow-list had the example agent ``allow_unsigned`` (its key is used instead).
+        self.example_agent_was_unsigned = False
+        #: The allow-list agent-collab reads: the configured one, or the copy :meth:`start` made with the key.
+        self._allow_list_file: Path | None = None
 
     @property
     def nats_url(self) -> str:
@@ -275,6 +319,51 @@ class Stack:
     def collab_reply_key_file(self) -> Path:
         """agent-collab's reply key (with :attr:`StackConfig.collab_reply_key`); the public key has suffix ``.pub``."""
         return self.data_dir / "collab-reply-key.pem"
+
+    @property
+    def example_agent_key_file(self) -> Path:
+        """The example agent's private key (with :attr:`StackConfig.example_agent_key`); its public key has suffix
+        ``.pub``."""
+        return self.data_dir / f"{EXAMPLE_AGENT_ID}.key"
+
+    @property
+    def configured_allow_list(self) -> Path:
+        """The external agents file of the config dir (``external-agents.yaml``)."""
+        return self.config.config_dir.resolve() / _CONFIG_FILES["agent-collab"][1]
+
+    @property
+    def allow_list_file(self) -> Path:
+        """The external agents file agent-collab reads (``TEMPORALITY_COLLAB_EXTERNAL_AGENTS_FILE``): the configured
+        one, or -- with :attr:`StackConfig.example_agent_key`, once :meth:`start` made it -- its copy in the data dir
+        where the example agent has its key."""
+        return self._allow_list_file or self.configured_allow_list
+
+    def _sign_example_agent(self) -> None:
+        """With :attr:`StackConfig.example_agent_key`: make (or reuse) the example agent's key and write the copy of
+        the configured allow-list that gives it the key's ``public_key`` (:func:`sign_listed_agent`), when the file
+        lists it without a key of its own; else agent-collab reads the configured file as it is. ``ValueError`` for a
+        key file that holds no Ed25519 key."""
+        self._allow_list_file, self.example_agent_public_key, self.example_agent_was_unsigned = None, None, False
+        if not self.config.example_agent_key:
+            return
+        source = self.configured_allow_list
+        try:
+            text = source.read_text(encoding="utf-8-sig")
+        except OSError:
+            return  # agent-collab says what is wrong with it
+        if sign_listed_agent(text, EXAMPLE_AGENT_ID, "") is None:
+            return
+        public_key = ensure_ed25519_key(self.example_agent_key_file)
+        signed = sign_listed_agent(text, EXAMPLE_AGENT_ID, public_key)
+        assert signed is not None
+        doc, self.example_agent_was_unsigned = signed
+        header = (
+            f"# Made by temporality up at each start from {source}, with {EXAMPLE_AGENT_ID}'s public key\n"
+            f"# (its key: {self.example_agent_key_file}). Edit {source}, not this copy.\n"
+        )
+        derived = self.data_dir / "external-agents.effective.yaml"
+        _write_private(derived, (header + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)).encode("utf-8"))
+        self._allow_list_file, self.example_agent_public_key = derived, public_key
 
     def _nats_users(self) -> dict[str, NatsUser]:
         """Every NATS user with its password (from :attr:`nats_passwords_file`) and permissions; ``{}`` without auth."""
@@ -391,7 +480,8 @@ class Stack:
             env[spec.port_env] = str(port)
         if name in _CONFIG_FILES:
             setting, file = _CONFIG_FILES[name]
-            env[f"{spec.env_prefix}{setting}"] = str(self.config.config_dir.resolve() / file)
+            path = self.allow_list_file if name == "agent-collab" else self.config.config_dir.resolve() / file
+            env[f"{spec.env_prefix}{setting}"] = str(path)
         if name == "agent-collab":  # a worker, but it serves the operator API on its probe port
             env["TEMPORALITY_COLLAB_PORT"] = str(self.config.collab_port if replica == 0 else 0)
             if self.config.collab_reply_key:
@@ -465,11 +555,13 @@ class Stack:
             raise
 
     def _prepare(self) -> None:
-        """The files the services read: the API tokens, agent-collab's reply key, the sign-in secrets (each made
-        on first start, kept afterwards). Raises ``TokenFileError`` for an invalid tokens file."""
+        """The files the services read: the API tokens, agent-collab's reply key, the example agent's key and the
+        allow-list with it, the sign-in secrets (each key and secret made on first start, kept afterwards). Raises
+        ``TokenFileError`` for an invalid tokens file, ``ValueError`` for a key file that holds no Ed25519 key."""
         self.api_tokens = ensure_tokens_file(self.api_tokens_file)
         if self.config.collab_reply_key:
             self.collab_public_key = ensure_reply_key(self.collab_reply_key_file)
+        self._sign_example_agent()
         if self.config.console_sign_in:
             for key in SIGN_IN_SECRETS:
                 ensure_secret_file(self.sign_in_dir / key)

@@ -86,6 +86,7 @@ def _agent(stack: Stack, log: Path) -> Callable[[], Any]:
         with log.open("ab") as out:
             return await asyncio.create_subprocess_exec(
                 *(sys.executable, str(AGENT), "--nats-url", stack.nats.url, "--work", "--poll-s", "0.5"),
+                *("--key-file", str(stack.example_agent_key_file)),
                 *("--period-s", "0.4"),
                 stdout=out,
                 stderr=out,

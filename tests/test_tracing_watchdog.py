@@ -105,6 +105,7 @@ async def test_a_run_failed_by_the_watchdog_is_in_the_webhook_s_trace(
     with (traced_stack.root / "slow-agent.log").open("ab") as out:
         agent = await asyncio.create_subprocess_exec(
             *(sys.executable, str(AGENT), "--nats-url", stack.nats.url, "--work", "--poll-s", "0.3"),
+            *("--key-file", str(stack.example_agent_key_file)),
             *("--period-s", "0.4", "--think-s", "30"),  # takes the task, acts long after the budget is spent
             stdout=out,
             stderr=out,

@@ -134,6 +134,7 @@ async def traced_stack_fixture(tmp_path_factory: Any) -> AsyncIterator[Traced]:
             TEMPORALITY_NATS_SOURCE_CHECK="strict",
             **otlp.env(),
         )
+        stack.config.example_agent_key = True  # the example agent signs (AP-11) as with `temporality up`
         await asyncio.to_thread(stack.start)  # the receiver answers on this loop meanwhile
         try:
             yield Traced(stack, otlp, root)

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import yaml
 from collab_replicas import StartCollab, collab_replicas
 
 from temporality_bus import Bus, NatsSettings
@@ -83,11 +84,36 @@ def signed_allow_list(tmp_path: Path, public_key: str) -> Path:
     return path
 
 
-async def test_the_example_agent_registers_heartbeats_and_deregisters(
+def development_allow_list(tmp_path: Path) -> Path:
+    """The repository's allow-list with ``example-agent`` marked ``allow_unsigned`` (development only: the shipped
+    file lists it without a key, and ``temporality up`` gives it one)."""
+    allow = yaml.safe_load((ROOT / "config" / "external-agents.yaml").read_text(encoding="utf-8"))
+    (example,) = [a for a in allow["agents"] if a["id"] == "example-agent"]
+    example["allow_unsigned"] = True
+    path = tmp_path / "development-external-agents.yaml"
+    path.write_text(yaml.safe_dump(allow), encoding="utf-8")
+    return path
+
+
+async def test_the_repository_s_allow_list_refuses_the_example_agent_unsigned(
     nats_settings: NatsSettings, event_log: EventLog, start_agent_collab: StartCollab
 ) -> None:
-    """With the repository's own allow-list, where ``example-agent`` is ``allow_unsigned`` (development)."""
+    """AP-11 by default: the shipped file lists ``example-agent`` without a key and nobody as ``allow_unsigned``."""
     await start_agent_collab(ROOT / "config" / "external-agents.yaml")
+    code, _out, err = await run_agent("--nats-url", nats_settings.url, "--beats", "1")
+    assert code == 3, err.decode()
+    assert b"registration refused (unsigned)" in err
+    (refused,) = await event_log.wait_for(AgentMessageRefused.EVENT_TYPE, timeout_s=10)
+    assert (refused.data["agent_id"], refused.data["reason"]) == ("example-agent", "unsigned")
+    await event_log.caught_up()
+    assert event_log.of_type(AgentRegistered.EVENT_TYPE) == []
+
+
+async def test_the_example_agent_registers_heartbeats_and_deregisters(
+    nats_settings: NatsSettings, event_log: EventLog, start_agent_collab: StartCollab, tmp_path: Path
+) -> None:
+    """With the repository's allow-list, ``example-agent`` marked ``allow_unsigned`` (development)."""
+    await start_agent_collab(development_allow_list(tmp_path))
     code, _out, err = await run_agent("--nats-url", nats_settings.url, "--beats", "2", "--period-s", "0.2")
     assert code == 0, err.decode()
     assert b"sending unsigned requests" in err
@@ -122,9 +148,9 @@ async def test_the_example_agent_registers_heartbeats_and_deregisters(
 
 
 async def test_the_example_agent_answering_wrongly_is_not_verified(
-    nats_settings: NatsSettings, event_log: EventLog, start_agent_collab: StartCollab
+    nats_settings: NatsSettings, event_log: EventLog, start_agent_collab: StartCollab, tmp_path: Path
 ) -> None:
-    await start_agent_collab(ROOT / "config" / "external-agents.yaml")
+    await start_agent_collab(development_allow_list(tmp_path))
     code, _out, err = await run_agent(
         "--nats-url", nats_settings.url, "--beats", "1", "--period-s", "0.2", "--conformance", "wrong"
     )
@@ -222,7 +248,7 @@ async def test_the_example_agent_speaks_the_protocol_over_tls(tmp_path: Path) ->
             assert bus.nc._server_info.get("tls_required") is True  # the server really asks for TLS
             log = await EventLog(bus.nc).start()
             async with collab_replicas(settings) as start:
-                await start(ROOT / "config" / "external-agents.yaml")
+                await start(development_allow_list(tmp_path))
                 code, _out, err = await run_agent(
                     "--nats-url", server.url, "--tls-ca", str(ca.ca_file), "--beats", "1", "--period-s", "0.2"
                 )

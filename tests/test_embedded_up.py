@@ -144,6 +144,26 @@ def _readme_agrees_on_the_example_agent(out: str) -> None:
     assert "--key-file ./.temporality/example-agent.key" in documented[-1]
 
 
+def _banner_labels(lines: list[str]) -> list[str]:
+    """The labels of a ``make up`` banner (its lines ``  <label padded to 27> value``), from "Temporality is up."
+    to the first line that is not part of it; continuation lines (indented further) have no label."""
+    start = next(i for i, line in enumerate(lines) if line.strip() == "Temporality is up.")
+    labels = []
+    for line in lines[start + 1 :]:
+        if not line.startswith("  "):
+            break
+        if line[2] != " ":
+            labels.append(line[2:29].strip())
+    return labels
+
+
+def _readme_banner_agrees(out: str) -> None:
+    """README's ``make up`` banner has the lines ``temporality up`` prints, in its order (values aside)."""
+    text = README.read_text(encoding="utf-8")
+    block = text.split("`make up` prints where everything is:", 1)[1].split("```", 2)[1].splitlines()
+    assert _banner_labels(block) == _banner_labels(out.splitlines()), "README's banner block lists other lines"
+
+
 def _reply_public_key(out: str) -> str:
     """agent-collab's reply public key ``temporality up`` printed."""
     for line in out.splitlines():
@@ -280,6 +300,7 @@ def test_up_prints_the_urls_serves_the_webhook_stops_on_ctrl_c_and_keeps_its_sta
         assert (data_dir / "collab-reply-key.pub").read_text(encoding="utf-8").strip() == public_key
         command = _example_agent(out)
         _readme_agrees_on_the_example_agent(out)
+        _readme_banner_agrees(out)
         assert command[command.index("--nats-url") + 1] == agent_url
         assert command[command.index("--collab-public-key") + 1] == public_key
         # the example agent signs (AP-11): up made its key (0600 in the data dir) and gave agent-collab the config

@@ -3118,8 +3118,10 @@ function inboxFailed(error) {
     go("#/inbox", `Inbox: not signed in: ${error.message} (401). Sign in with your inbox token.`);
   } else if (error instanceof ApiError) {
     message(`Inbox: ${error.message} (${error.status} ${error.code}).`);
+  } else if (error instanceof NoAnswer) {
+    noAnswer(error);
   } else {
-    message(`The inbox did not answer: ${error?.message || error}.`);
+    message(`Something went wrong in this page: ${error?.message || error}.`);
   }
 }
 
@@ -3344,7 +3346,10 @@ function inboxCard(item, signal) {
       status.className = "answer-status bad";
       status.textContent = error instanceof ApiError
         ? `${known ?? "Not recorded"}: ${error.message.replace(FORM_MISFIT, "")} (${error.status}).`
-        : `Not recorded: the inbox did not answer (${error?.message || error}). Try again.`;
+        : error instanceof NoAnswer && error.silent
+          ? `Not known whether it was recorded: no answer within ${API_TIMEOUT_MS / 1000} s. Refresh: a question ` +
+            "still listed was not answered."
+          : `Not recorded: the inbox could not be reached (${error?.message || error}). Try again.`;
       // A wrong answer (422) or an unreachable inbox may be corrected; a refusal is final.
       if (!(error instanceof ApiError) || error.status === 422 || error.status >= 500) {
         for (const c of controls) c.disabled = false;

@@ -782,6 +782,8 @@ async function directoryForm() {
         method: "POST",
         headers: { ...CONSOLE_HEADER, "Content-Type": "application/json" },
         body: JSON.stringify({ user: user.value.trim(), password: password.value }),
+      }).catch((error) => {
+        throw Object.assign(error, { signInUnreachable: true }); // no connection (a refusal is an answer)
       });
       const body = await response.json().catch(() => null);
       if (!response.ok) {
@@ -802,7 +804,9 @@ async function directoryForm() {
         ? location.hash : null;
       go(me?.role ? back ?? body.next : "#/inbox");
     } catch (error) {
-      failed(error);
+      if (error?.signInUnreachable) {
+        message("Not signed in: the journal cannot be reached (it may be restarting, or the network is down). Try again.");
+      } else failed(error);
     } finally {
       submit.disabled = false;
     }
@@ -3193,15 +3197,24 @@ export function atDeadline(item) {
     : action === "fail" || action === "default" ? "the run stops without your answer"
     : null;
   if (!then) return "What happens without an answer is not known yet.";
+  // the chain's steps as human-interaction plans them (chain.plan): the reminders every every_s from the question,
+  // the escalation after_s after the last of them; only those before the deadline happen
   const before = [];
-  if (policy?.renotify?.every_s) {
-    before.push(`you are reminded every ${duration(policy.renotify.every_s)}` +
-      `${policy.renotify.max ? ` (at most ${policy.renotify.max} times)` : ""}`);
+  const asked = Date.parse(item.created_at);
+  const due = Date.parse(item.expires_at);
+  const known = !Number.isNaN(asked) && !Number.isNaN(due);
+  let at = asked;
+  const every = Number(policy?.renotify?.every_s);
+  if (every > 0) {
+    const max = Number(policy.renotify.max) || 1;
+    const sent = known ? Math.min(max, Math.max(0, Math.ceil((due - asked) / (1000 * every)) - 1)) : max;
+    if (sent) before.push(`you are reminded every ${duration(every)} (at most ${sent} ${sent === 1 ? "time" : "times"})`);
+    at += 1000 * every * max;
   }
   if (policy?.escalate?.to) {
-    const at = Date.parse(item.created_at) + 1000 * Number(policy.escalate.after_s);
-    before.push(`it also goes to ${person(policy.escalate.to)} ${Number.isNaN(at)
-      ? `after ${duration(policy.escalate.after_s)}` : `at ${when(new Date(at).toISOString())}`}`);
+    at += 1000 * Number(policy.escalate.after_s);
+    if (!known) before.push(`it also goes to ${person(policy.escalate.to)}`);
+    else if (at < due) before.push(`it also goes to ${person(policy.escalate.to)} at ${when(new Date(at).toISOString())}`);
   }
   return `${before.length ? `Before then, ${before.join(" and ")}. ` : ""}Without an answer by then, ${then}.`;
 }

@@ -135,6 +135,13 @@ async def test_an_analytics_or_runs_link_means_the_same_instants_in_every_zone_a
         )
         await expect(other.locator("#analytics dl.facts")).to_contain_text("Runs1", timeout=WAIT_MS)
         await expect(other.get_by_label("From", exact=True)).to_have_value("2026-12-01T01:00")
+        # the same typed into a link by hand, "+" and all (a query's "+" arrives as a space)
+        await other.goto(
+            f"{served_journal.url}/console/#/analytics?since=2026-12-01T10:00+01:00&until=2026-12-01T11:00+01:00"
+        )
+        await expect(other.locator("#analytics-scope")).to_contain_text(
+            re.compile(r"from 1 Dec 2026, 01:00:00 (PST|GMT-8)"), timeout=WAIT_MS
+        )
 
         # a link from before (no zone) is read in the reader's time, as it always was: 10:00 in Los Angeles
         await other.goto(f"{served_journal.url}/console/#/analytics?since=2026-12-01T10:00&until=2026-12-01T11:00")

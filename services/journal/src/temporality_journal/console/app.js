@@ -82,10 +82,15 @@ export function withOffset(local) {
 
 // An address's since / until as a datetime-local field shows it (this browser's time); an older link's value
 // without a zone was typed in local time and is shown as it is (and read so, as before).
+// An address's since / until as written: a "+01:00" typed into a link by hand arrives as " 01:00" (a "+" in a
+// query is a space), read as the offset it was.
+export const instantParam = (value) => (value ? String(value).replace(/ (\d\d:?\d\d)$/, "+$1") : value);
+
 // A filter's value for the address: since / until with their offset (withOffset), the others as they are.
 const zoned = (key, value) => (key === "since" || key === "until" ? withOffset(value) : value);
 
-export function localField(value) {
+export function localField(raw) {
+  const value = instantParam(raw);
   if (!value) return "";
   if (!/(Z|[+-]\d\d:?\d\d)$/i.test(value)) return value;
   const d = new Date(value);
@@ -955,7 +960,7 @@ function pagedList({ path, filters = [], params = new URLSearchParams(), signal,
   const apiParams = new URLSearchParams();
   for (const name of filters) if (params.get(name)) apiParams.set(name, params.get(name));
   for (const name of ["since", "until"]) {
-    const local = params.get(name);
+    const local = instantParam(params.get(name));
     if (local && !Number.isNaN(Date.parse(local))) apiParams.set(name, new Date(local).toISOString());
   }
   apiParams.set("limit", String(pageSize));
@@ -2974,7 +2979,7 @@ export function analyticsPeriod(params, now = Date.now()) {
     return { since: new Date(now - seconds * 1000).toISOString(), until: null, words: `Runs created in ${words}` };
   }
   const at = (name) => {
-    const local = params.get(name);
+    const local = instantParam(params.get(name));
     return local && !Number.isNaN(Date.parse(local)) ? new Date(local).toISOString() : null;
   };
   const since = at("since");

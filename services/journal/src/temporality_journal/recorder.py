@@ -223,13 +223,16 @@ _PG_SELECT_RUNS = (
 
 #: PostgreSQL's batch on the driver's own connection (:func:`_pg_batch`), three round trips
 #: (:data:`_PG_BEGIN_AND_LOCK`, this, :func:`_pg_upsert_and_commit`). The second: :func:`_pg_insert_events` counting from the locked counter, plus the batch's runs read and locked
-#: (``$3``: the runs of the batch's projected events, new or not, in one order), all in one result: an inserted
-#: event's id with nulls, or a null id with a run's columns.
+#: (``$3``: the runs of the batch's projected events, new or not, in one order), all in one result: a first row of
+#: the inserted events' ids as one array (empty when none) with nulls, then a row per run, a null array with the
+#: run's columns. (Until 7 December a row per inserted id, each with the runs' 20 columns null: receiving and
+#: decoding those rows cost ~0.9 us per event of the event loop's CPU, the array ~0.2.)
 _PG_RECORD_BATCH = (
     _pg_insert_events("(SELECT last_seq FROM commit_counter WHERE id = 1)", "$2::timestamptz")
     + f", runs_read AS (SELECT {', '.join(_RUN_COLUMNS)} FROM runs WHERE run_id = ANY($3::text[]) "
     "ORDER BY run_id FOR UPDATE) "
-    + f"SELECT id, {', '.join(['NULL'] * len(_RUN_COLUMNS))} FROM inserted "
+    + "SELECT (SELECT coalesce(array_agg(id), '{}') FROM inserted), "
+    + f"{', '.join(['NULL'] * len(_RUN_COLUMNS))} "
     + f"UNION ALL SELECT NULL, {', '.join(_RUN_COLUMNS)} FROM runs_read"
 )
 
@@ -835,8 +838,8 @@ async def _pg_batch(
     new: set[str] = set()
     before: dict[str, RunSnapshot] = {}
     for record in result:
-        if record[0] is not None:
-            new.add(record[0])
+        if record[0] is not None:  # the inserted ids (the first row)
+            new.update(record[0])
         else:
             values = dict(zip(_RUN_COLUMNS, tuple(record)[1:], strict=True))
             before[values["run_id"]] = _run_snapshot(values)

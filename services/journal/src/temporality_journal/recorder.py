@@ -18,7 +18,8 @@ text, ``data`` nested in it, each envelope the bytes it was received as when the
 else serialized by pydantic-core; on SQLite the ids stored already looked up, then one positional
 ``executemany``; never the ORM; an envelope whose JSON, as the consumer received it, has no ``\\u`` escape holds nothing to replace
 and skips the sanitizing check), the affected runs read once, projected in memory in
-stream order with :func:`project` (which copies rows without validating them again), written back
+stream order with :func:`project`'s steps (:func:`update_onto`: nothing validated again; each run copied once per
+batch, on its first change, and changed in place for its later events), written back
 (PostgreSQL: one upsert, its rows one JSON text; SQLite: one upsert ``executemany``'d, positional values;
 both driver SQL); the same for the asks of the ``agent.*`` events (:func:`project_ask`, table ``asks``)
 -- committed once, then acked by the runner. A batch without ``agent.*`` events runs on the pooled

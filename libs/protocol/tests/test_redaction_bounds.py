@@ -52,6 +52,10 @@ FRAGMENTS = [
     "pk_test_",
     "sk-",
     "AIza",
+    "whsec_",
+    "npm_",
+    "https://hooks.slack.com/services/",
+    "HOOKS.SLACK.COM/",
     "-----BEGIN RSA PRIVATE KEY-----",
     "-----END RSA PRIVATE KEY-----",
     "[REDACTED:jwt]",
@@ -136,6 +140,7 @@ def _samples() -> list[str]:
         "eyJhbGciOiJIUzI1.eyJzdWIiOiIx.sig xoxb-1234567890ab sk_live_" + "a" * 20 + " AIza" + "d" * 35,
         "-----BEGIN RSA PRIVATE KEY-----\nabc\n-----END RSA PRIVATE KEY----- then Password\u212a=x",
         "My\u017fecret_token=abc TOKEN=def \u0130password=ghi",
+        "whsec_" + "Zm9v" * 8 + "== npm_" + "n" * 36 + " https://hooks.slack.com/services/T0/B0/" + "s" * 24,
         "",
     ]
 

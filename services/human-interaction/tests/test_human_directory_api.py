@@ -182,7 +182,7 @@ async def test_a_change_reaches_a_second_replica_and_its_web_inbox_without_a_res
         assert inbox.status_code == 200
         assert inbox.json() == {"user": "user:carol", "requests": []}
 
-        body = carol(display_name="Carol C.", inbox_token="carol-rotated-token-43")
+        body = carol(display_name="Carol C.", inbox_token="carol-rotated-inbox-token-43")
         body.pop("id")
         rotated = await a.client.put("/directory/users/carol", json=body, headers={**ADMIN, "If-Match": _etag(created)})
         assert rotated.status_code == 200
@@ -192,7 +192,7 @@ async def test_a_change_reaches_a_second_replica_and_its_web_inbox_without_a_res
         assert profile.display_name == "Carol C."
         assert (await b.client.get("/inbox", headers=CAROL)).status_code == 401  # the old token no longer opens it
         assert (
-            await b.client.get("/inbox", headers={"Authorization": "Bearer carol-rotated-token-43"})
+            await b.client.get("/inbox", headers={"Authorization": "Bearer carol-rotated-inbox-token-43"})
         ).status_code == 200
 
         group = {"id": "reviewers", "display_name": "Reviewers", "members": ["alice", "carol"]}
@@ -229,7 +229,10 @@ async def test_the_file_seeds_once_and_api_edits_survive_a_restart(bus: Bus) -> 
         listed = (await again.client.get("/directory/users", headers=VIEWER)).json()["users"]
         assert [(u["id"], u["origin"], u["updated_by"]) for u in listed] == [("alice", "api", "ci-bot")]
         restored = await again.client.post(
-            "/directory/users", json={**USERS["users"]["bob"], "id": "bob"}, headers=ADMIN
+            # (a new token: the file's 14-character one is a legacy token the API no longer takes)
+            "/directory/users",
+            json={**USERS["users"]["bob"], "id": "bob", "inbox_token": "bob-restored-inbox-token-01"},
+            headers=ADMIN,
         )
         assert restored.status_code == 201  # re-created over its tombstone
     await exactly(bus, "human.directory.changed", 6, settle_s=0.3)  # the restart seeded nothing
@@ -239,7 +242,7 @@ async def test_every_change_is_audited_with_who_and_what_and_no_secret(bus: Bus)
     store = await DirectoryStore.open(bus)
     async with replica(bus) as r:
         created = await r.client.post("/directory/users", json=carol(), headers=ADMIN)
-        body = carol(preferred="web", display_name="Carol C.", inbox_token="carol-rotated-token-43")
+        body = carol(preferred="web", display_name="Carol C.", inbox_token="carol-rotated-inbox-token-43")
         body.pop("id")
         updated = await r.client.put("/directory/users/carol", json=body, headers={**ADMIN, "If-Match": _etag(created)})
         assert updated.status_code == 200
@@ -270,7 +273,7 @@ async def test_every_change_is_audited_with_who_and_what_and_no_secret(bus: Bus)
     assert api[1].after["inbox_token_set"] is True
     assert api[2].after == {"id": "reviewers", "display_name": "Reviewers", "members": ["carol"]}
     assert api[4].after is None
-    for secret in ("carol-secret-inbox-token-42", "carol-rotated-token-43", "alice-demo-token", "bob-demo-token"):
+    for secret in ("carol-secret-inbox-token-42", "carol-rotated-inbox-token-43", "alice-demo-token", "bob-demo-token"):
         for event in events:
             wire = encode(event).decode()
             assert secret not in wire

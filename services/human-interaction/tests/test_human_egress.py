@@ -31,6 +31,9 @@ AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCY" + "EXAMPLEKEY"
 SLACK = "xoxb-" + "123456789012-abcdefABCDEF"
 STRIPE = "sk_live_" + "4eC39HqLyjWDarjtT1zdp7dc"
 GOOGLE = "AIza" + "SyA1234567890abcdefghijklmnopqrstuv"
+WHSEC = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+NPM = "npm_" + "a1B2c3D4e5F6g7H8i9J0" + "k1L2m3N4o5P6q7R8"
+SLACK_HOOK = "https://hooks.slack.com/services/" + "T00000000/B00000000/XXXXXXXXXXXXXXXXXXXXXXXX"
 OPENAI = "sk-proj-" + "abcdefghijklmnopqrstuvwxyz012345"
 JWT = "eyJhbGciOiJIUzI1NiJ9" + ".eyJzdWIiOiIxMjM0NTY3ODkwIn0" + ".dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U"
 BEARER = "Zm9vYmFyYmF6cXV4cXV1eDEyMzQ1Njc4"
@@ -66,6 +69,9 @@ CASES = [
     ("slack_token", f"webhook bot {SLACK}", SLACK, "webhook bot"),
     ("stripe_key", f"billing uses {STRIPE}", STRIPE, "billing"),
     ("google_api_key", f"maps key {GOOGLE}", GOOGLE, "maps key"),
+    ("webhook_secret", f"the svix signing key is {WHSEC} now", WHSEC, "signing key is"),
+    ("npm_token", f"publish with {NPM} from CI", NPM, "from CI"),
+    ("slack_webhook_url", f"alerts post to {SLACK_HOOK} (channel #ops)", "XXXXXXXXXXXXXXXXXXXXXXXX", "(channel #ops)"),
     ("api_key", f"OPENAI {OPENAI} is in the diff", OPENAI, "is in the diff"),
     ("authorization_header", f"curl -H 'Authorization: Bearer {BEARER}' ...", BEARER, "Authorization"),
     (

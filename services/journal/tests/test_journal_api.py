@@ -9,7 +9,7 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from journal_support import VIEWER, api_auth
+from journal_support import VIEWER, ServedJournal, api_auth
 
 from temporality_bus import Bus
 from temporality_journal import Database, Recorder, Settings, create_app
@@ -274,3 +274,22 @@ async def test_the_event_schema_documents_the_trace_fields(journal: Journal) -> 
         assert {"type": "string"} in field["anyOf"], field
         assert {"type": "null"} in field["anyOf"], field
         assert "trace" in field["description"], field
+
+
+async def test_console_redirects_are_relative_whatever_the_host_header(served_journal: ServedJournal) -> None:
+    """``/console`` and ``/`` send the browser to ``console/`` relative to where it is: never to the ``Host`` a
+    request names (``Host: evil.example`` was redirected to http://evil.example/console/), and a proxy's prefix
+    (``/ops/console`` -> ``/ops/console/``) is kept."""
+    async with httpx.AsyncClient(base_url=served_journal.url, timeout=20) as client:
+        for path, query in (("/console", ""), ("/console", "?x=1"), ("/", "")):
+            answer = await client.get(path + query, headers={"Host": "evil.example"})
+            assert answer.status_code == 307, (path, answer.text)
+            assert answer.headers["location"] == "console/" + query
+            assert "evil" not in answer.headers["location"]
+        assert (await client.head("/console")).headers["location"] == "console/"
+        landed = await client.get("/console", follow_redirects=True)
+        assert landed.status_code == 200
+        assert str(landed.url) == f"{served_journal.url}/console/"
+        assert "<html" in landed.text.lower()
+    # behind a proxy serving the journal under /ops/: the browser resolves the relative location there
+    assert str(httpx.URL("https://proxy.example/ops/console").join("console/")) == "https://proxy.example/ops/console/"

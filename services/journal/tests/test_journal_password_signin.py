@@ -38,6 +38,7 @@ from temporality_journal.access import NOT_SIGNED_IN, SESSION_ENDED
 from temporality_journal.passwords import AttemptLimits, Exhausted, Failures, limit_key
 from temporality_journal.signin import SESSION_COOKIE
 from temporality_protocol.catalog import BUCKET_SIGNIN_FAILURES
+from temporality_service.settings import ProcessSettings
 from temporality_testing.oidc_emulator import OidcEmulator
 
 CONSOLE = {"X-Temporality-Console": "1"}
@@ -284,6 +285,51 @@ async def test_repeated_failures_are_a_429_with_retry_after_per_user_and_per_add
         assert "Retry-After" in blocked.headers
 
 
+async def test_someone_else_s_failures_do_not_lock_a_person_out_of_their_own_address_and_spread_ones_are_bounded(
+    tmp_path: Path, nats_settings: NatsSettings, bus: Bus
+) -> None:
+    """The review: five wrong passwords for alice from anywhere locked alice out for 15 minutes from every address.
+    Now the hard block is per user id and address; across addresses the user id has ten times as many."""
+    (tmp_path / "vouch-secret").write_text(secrets.token_urlsafe(32), encoding="utf-8")
+    async with serve_human(tmp_path, nats_settings, tmp_path / "vouch-secret", users=users_file()) as human_url:
+        settings = password_settings(
+            tmp_path, nats_settings, human_url, password_max_failures=2, password_max_failures_per_address=100
+        )
+        settings = settings.model_copy(update={"process": ProcessSettings(forwarded_allow_ips="127.0.0.1")})
+        async with (
+            serve_journal(settings, bus) as journal,
+            httpx.AsyncClient(base_url=journal.url, timeout=20) as client,
+        ):
+
+            async def attempt(password: str, address: str) -> httpx.Response:
+                client.cookies.clear()
+                return await client.post(
+                    "/auth/password",
+                    json={"user": "alice", "password": password},
+                    headers={**CONSOLE, "X-Forwarded-For": address},
+                )
+
+            guesser, alice_desk = "203.0.113.66", "198.51.100.7"
+            assert [(await attempt("guess-guess-guess", guesser)).status_code for _ in range(3)] == [401, 401, 429]
+            assert (await attempt(ALICE_PASSWORD, guesser)).status_code == 429  # blocked there, even the right one
+            mine = await attempt(ALICE_PASSWORD, alice_desk)
+            assert mine.status_code == 200, mine.text  # ... but alice at her own desk signs in
+            # guesses spread over addresses: 2 per address, 20 (10 x 2) for alice in all, the first two included
+            statuses = [(await attempt("guess-guess-guess", f"192.0.2.{n // 2}")).status_code for n in range(18)]
+            assert statuses == [401] * 18
+            spread = await attempt("guess-guess-guess", "192.0.2.200")
+            assert spread.status_code == 429, spread.text
+            assert 1 <= int(spread.headers["Retry-After"]) <= 900
+            assert (await attempt(ALICE_PASSWORD, alice_desk)).status_code == 429  # bounded: alice waits too
+            # bob is not affected by any of it
+            bob = await client.post(
+                "/auth/password",
+                json={"user": "bob", "password": BOB_PASSWORD},
+                headers={**CONSOLE, "X-Forwarded-For": guesser},
+            )
+            assert bob.status_code == 200, bob.text
+
+
 async def test_malformed_sign_ins_and_those_without_the_console_header_are_refused(stack: Stack) -> None:
     async with httpx.AsyncClient(base_url=stack.journal.url, timeout=20) as client:
         no_header = await client.post("/auth/password", json={"user": "alice", "password": ALICE_PASSWORD})
@@ -511,10 +557,16 @@ async def test_directory_roles_without_human_interaction_give_no_role(
             assert await _role_after_oidc_sign_in(journal, idp, "alice") == "viewer"  # the map needs nobody
 
 
-async def test_attempt_limits_slide_with_the_window_and_a_success_clears_the_user(bus: Bus) -> None:
+async def test_attempt_limits_slide_with_the_window_and_a_success_clears_the_user_at_its_address(bus: Bus) -> None:
     now = [1000.0]
     limits = AttemptLimits(
-        bus, max_per_user=2, max_per_address=3, window_s=60, clock=lambda: now[0], key_secret=b"k" * 32
+        bus,
+        max_per_user=2,
+        max_per_address=3,
+        window_s=60,
+        clock=lambda: now[0],
+        key_secret=b"k" * 32,
+        max_per_user_anywhere=4,
     )
 
     async def wait(user: str, address: str | None) -> int | None:
@@ -530,27 +582,38 @@ async def test_attempt_limits_slide_with_the_window_and_a_success_clears_the_use
     now[0] += 10
     assert await wait("alice", "10.0.0.1") is None
     await limits.reserve("Alice", "10.0.0.1")  # the same user id, however it is capitalised
-    assert await wait("alice", "10.0.0.2") == 50  # until the first failure is 60 s old
+    assert await wait("alice", "10.0.0.1") == 50  # until the first failure is 60 s old
+    assert await wait("alice", "10.0.0.2") is None  # from elsewhere (alice's own desk) she is not blocked
     now[0] += 50
-    assert await wait("alice", "10.0.0.2") is None  # it left the window
-    await limits.reserve("bob", "10.0.0.1")  # the address's failures within the window: at 1010, 1060 and 1060
-    await limits.reserve("ivan", "10.0.0.1")
-    assert await wait("carol", "10.0.0.1") == 10
+    assert await wait("alice", "10.0.0.1") is None  # it left the window
+    # the user id across addresses: 4 here (default 10x the per-address limit), whatever the addresses
+    for n in range(3):
+        await limits.reserve("alice", f"10.1.0.{n}")
+    assert await wait("alice", "10.1.0.9") == 10  # 1010 and three now: full until 1010 + 60
+    assert await wait("alice", "10.0.0.2") == 10
+    now[0] += 10
+    assert await wait("alice", "10.1.0.9") is None
+    for user in ("bob", "ivan", "judy"):  # the address's failures within the window: three now
+        await limits.reserve(user, "10.0.0.1")
+    assert await wait("carol", "10.0.0.1") == 60
     assert await wait("carol", "10.0.0.9") is None
-    # a user's limit reached refuses the attempt without counting it against the address, and the reverse
-    assert await wait("alice", "10.0.0.7") is None
+    # a limit reached refuses the attempt without counting it against the others
     await limits.reserve("dana", "10.0.0.7")
     await limits.reserve("dana", "10.0.0.7")
-    assert await wait("dana", "10.0.0.8") == 60
+    assert await wait("dana", "10.0.0.7") == 60
     assert await wait("erin", "10.0.0.7") is None  # the address holds only dana's two
-    # a success clears the user and takes its own attempt back from the address
-    success = await limits.reserve("bob", "10.0.0.9")
+    assert await wait("dana", "10.0.0.8") is None  # dana's count across addresses: two
+    # a success clears the user at its address and takes its own attempt back from the other counts
+    await limits.reserve("frank", "10.0.0.5")
+    await limits.reserve("frank", "10.0.0.6")
+    success = await limits.reserve("frank", "10.0.0.5")
     await limits.succeeded(success)
-    assert await wait("bob", None) is None
-    assert await wait("frank", "10.0.0.9") is None
+    assert await wait("frank", "10.0.0.5") is None
+    await limits.reserve("frank", "10.0.0.5")
+    assert await wait("frank", "10.0.0.5") is None  # one at 10.0.0.5 (the failure before the success is gone)
     await limits.reserve("frank", "10.0.0.9")
-    await limits.reserve("gina", "10.0.0.9")
-    assert await wait("hal", "10.0.0.9") is None  # two counted at 10.0.0.9, bob's success not among them
+    assert await wait("frank", "10.0.0.3") == 60  # four across addresses: the success did not clear the others'
+    assert await wait("gina", "10.0.0.5") is None  # 10.0.0.5 holds two: frank's success is not among them
 
 
 async def test_attempt_limit_keys_are_keyed_digests_of_the_typed_id(bus: Bus) -> None:

@@ -203,6 +203,15 @@ BUILTIN_PATTERNS: tuple[SecretPattern, ...] = (
     _p("slack_token", r"\bxox[abposr]-[A-Za-z0-9-]{10,}", earliest=_starts_with("xox")),
     _p("stripe_key", r"\b[rsp]k_(live|test)_[A-Za-z0-9]{16,}", earliest=_starts_with("rk_", "sk_", "pk_")),
     _p("google_api_key", r"\bAIza[0-9A-Za-z_-]{35}", earliest=_starts_with("AIza")),
+    # Standard Webhooks signing secrets (whsec_ + base64: the gateway's standard_webhooks sources, Svix)
+    _p("webhook_secret", r"\bwhsec_[A-Za-z0-9+/]{16,}={0,2}", earliest=_starts_with("whsec_")),
+    _p("npm_token", r"\bnpm_[A-Za-z0-9]{36}\b", earliest=_starts_with("npm_")),
+    # https://hooks.slack.com/services/T…/B…/… (whoever has the URL may post to the channel); also workflows/triggers
+    _p(
+        "slack_webhook_url",
+        r"(?i)\bhttps?://hooks\.slack\.com/(services|workflows|triggers)/[A-Za-z0-9_/-]{8,}",
+        earliest=_within_run("hooks.slack.com", run=_ALNUM + ":/.", folded=True),
+    ),
     # OpenAI / Anthropic style keys: sk-…, sk-proj-…, sk-ant-…
     _p("api_key", r"\bsk-[A-Za-z0-9_-]{20,}", earliest=_starts_with("sk-")),
     # Authorization: Bearer <token> / Basic <base64> / token <token>

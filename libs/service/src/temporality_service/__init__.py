@@ -43,6 +43,7 @@ from temporality_service.http import (
     read_body,
 )
 from temporality_service.lifecycle import clear_ready, mark_ready, stop_on_signals
+from temporality_service.limits import FailureLimiter, TooManyFailures, client_address
 from temporality_service.logs import configure_logging
 from temporality_service.metrics import ServiceMetrics
 from temporality_service.runtime import ConfigError, Configure, Responder, Runtime, Setup, run_service, run_until, serve
@@ -71,6 +72,7 @@ __all__ = [
     "ConfigError",
     "Configure",
     "ErrorBody",
+    "FailureLimiter",
     "Forbidden",
     "HttpServer",
     "HttpServiceSettings",
@@ -91,6 +93,7 @@ __all__ = [
     "ServiceSettings",
     "Setup",
     "TokenFileError",
+    "TooManyFailures",
     "TracingConfigError",
     "Unauthorized",
     "Unavailable",
@@ -99,6 +102,7 @@ __all__ = [
     "Voucher",
     "bind_tcp",
     "clear_ready",
+    "client_address",
     "configure_logging",
     "configure_tracing",
     "error_response",

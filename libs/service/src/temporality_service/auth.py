@@ -11,6 +11,21 @@ caller with a higher one is let in. A request without a valid ``Authorization: B
 a ``WWW-Authenticate`` challenge; a valid token whose role is too low is a 403 naming the role needed. Tokens
 are compared in constant time and never logged: the log and the journal name the token's ``name``.
 
+The file is **re-read while the services run**: at most once a second (``RELOAD_EVERY_S``), an authentication
+looks at the file's modification time, size and inode, and a change is loaded -- a token removed is refused from
+then on, a token added admitted, with no restart (``api.tokens_reloaded`` in the log names the tokens added and
+removed, never a secret). A file that became unreadable, empty or invalid is **not** taken: the last good set
+stays in force and ``api.tokens_file_invalid`` is logged (once per version of the file) -- a broken edit never
+opens access, nor locks everyone out. To revoke every token write ``[]``. Write the new file beside the old one
+and rename it over (or let Kubernetes update the mounted Secret, which swaps a symlink): a file read while half
+written is invalid and waits for the next look.
+
+Wrong tokens are limited per client address (:mod:`temporality_service.limits`): after
+``TEMPORALITY_API_MAX_FAILURES_PER_ADDRESS`` (20) wrong tokens within ``TEMPORALITY_API_FAILURE_WINDOW_S`` (300 s)
+from one address, every request of that address presenting a token is a ``429 too_many_failures`` with
+``Retry-After`` (audited like a refusal) until its oldest failure leaves the window; other addresses, and
+requests without ``Authorization``, are not affected.
+
 With no file configured nothing is admitted (every protected endpoint answers 401): there is no anonymous
 access but health and metrics. ``temporality up`` writes a file with a fresh admin token and prints it.
 :meth:`ApiAuth.install` also puts the app's OpenAPI document (``/openapi.json``) behind the ``viewer`` role and
@@ -38,6 +53,8 @@ from __future__ import annotations
 
 import hmac
 import json
+import os
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from enum import IntEnum
 from pathlib import Path
@@ -52,6 +69,13 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from temporality_service.audit import audit_refusal
 from temporality_service.http import Forbidden, Unauthorized
+from temporality_service.limits import (
+    DEFAULT_FAILURE_WINDOW_S,
+    DEFAULT_MAX_FAILURES_PER_ADDRESS,
+    FailureLimiter,
+    TooManyFailures,
+    client_address,
+)
 from temporality_service.vouch import PRINCIPAL_HEADER, PrincipalVoucher, VouchSecretError
 
 __all__ = [
@@ -74,6 +98,8 @@ log = structlog.get_logger(__name__)
 
 #: Shorter tokens are refused at start: a guessable secret is a configuration error, not a warning.
 MIN_TOKEN_LENGTH = 24
+#: How often (seconds, at most) an authentication looks whether the tokens file changed.
+RELOAD_EVERY_S = 1.0
 
 
 class Role(IntEnum):
@@ -191,36 +217,126 @@ class ApiAuthSettings(BaseSettings):
     #: A secret (at least 32 characters) shared with the journal: a principal it vouches for (a person signed
     #: in to the console with the provider, with their role) is admitted like a token. Unset: tokens only.
     vouch_secret_file: Path | None = None
+    #: Wrong bearer tokens (role tokens; on human-interaction inbox tokens too) one client address may present
+    #: within the window; then 429 ``too_many_failures`` with ``Retry-After`` for that address.
+    max_failures_per_address: int = Field(default=DEFAULT_MAX_FAILURES_PER_ADDRESS, ge=1, le=1_000_000)
+    #: The window of that limit, in seconds (each replica counts its own).
+    failure_window_s: float = Field(default=DEFAULT_FAILURE_WINDOW_S, gt=0, le=86_400)
 
 
 class ApiAuth:
     """Checks ``Authorization: Bearer`` against the configured tokens; FastAPI dependencies per role."""
 
-    def __init__(self, tokens: Iterable[ApiToken] = (), principals: PrincipalVoucher | None = None) -> None:
+    def __init__(
+        self,
+        tokens: Iterable[ApiToken] = (),
+        principals: PrincipalVoucher | None = None,
+        *,
+        tokens_file: Path | None = None,
+        failures: FailureLimiter | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``tokens_file``: where ``tokens`` were read from, to re-read on a change (:meth:`from_settings` gives
+        it; the file's state must be from before ``tokens`` were read from it)."""
         self._tokens = list(tokens)
         _check_unique(self._tokens, "tokens")
         #: Checks (and, on the journal, signs) vouched principals; None: tokens only.
         self.principals = principals
+        self._failures = failures or FailureLimiter()
+        self._file = tokens_file
+        self._clock = clock
+        self._looked_at = clock()
+        self._version = _file_version(tokens_file) if tokens_file is not None else None
+        self._refused_version: tuple[int, ...] | None = None
 
     @classmethod
     def from_settings(cls, settings: ApiAuthSettings) -> ApiAuth:
         """Raises :class:`TokenFileError` (a service turns it into ``ConfigError``, exit 2), also for an unusable
         vouch secret file."""
-        tokens = [] if settings.tokens_file is None else load_tokens(settings.tokens_file)
+        path = settings.tokens_file
+        version = None
+        if path is not None:
+            try:
+                version = _file_version(path)  # before reading: a change meanwhile is seen at the next look
+            except OSError:
+                pass  # load_tokens says why
+        tokens = [] if path is None else load_tokens(path)
         principals = None
         if settings.vouch_secret_file is not None:
             try:
                 principals = PrincipalVoucher.from_file(settings.vouch_secret_file)
             except VouchSecretError as exc:
                 raise TokenFileError(f"TEMPORALITY_API_VOUCH_SECRET_FILE: {exc}") from None
-        return cls(tokens, principals)
+        auth = cls(
+            tokens,
+            principals,
+            failures=FailureLimiter(settings.max_failures_per_address, settings.failure_window_s),
+        )
+        auth._file, auth._version = path, version
+        return auth
+
+    @property
+    def failures(self) -> FailureLimiter:
+        """The wrong-token limit per client address (:mod:`temporality_service.limits`); a wrapper that delegates
+        to an inner :class:`ApiAuth` (``_inner``: the journal's session check) shares the inner one's."""
+        own = self.__dict__.get("_failures")
+        if isinstance(own, FailureLimiter):
+            return own
+        inner = self.__dict__.get("_inner")
+        if isinstance(inner, ApiAuth):
+            return inner.failures
+        self._failures = FailureLimiter()
+        return self._failures
 
     @property
     def configured(self) -> bool:
+        self.reload_if_changed()
         return bool(self._tokens)
+
+    def reload_if_changed(self, *, force: bool = False) -> bool:
+        """Re-read the tokens file if it changed since it was read (looked at once per :data:`RELOAD_EVERY_S` at
+        most, unless ``force``); True when a new set was taken. An unreadable, empty or invalid file keeps the
+        last good set (module docstring)."""
+        if self._file is None:
+            return False
+        now = self._clock()
+        if not force and now - self._looked_at < RELOAD_EVERY_S:
+            return False
+        self._looked_at = now
+        try:
+            version = _file_version(self._file)
+            if version == self._version:
+                self._refused_version = None  # back as it was read: a later breakage is told again
+                return False
+            if version == self._refused_version:
+                return False  # already said why; the last good set stays
+            if not self._file.read_text(encoding="utf-8").strip():
+                raise TokenFileError(f"{self._file}: empty (write [] to admit no token)")
+            tokens = load_tokens(self._file)
+        except (OSError, TokenFileError) as exc:
+            problem = (
+                str(exc) if isinstance(exc, TokenFileError) else f"{self._file}: cannot read: {exc.strerror or exc}"
+            )
+            refused = _file_version_or_none(self._file) or (-1,)  # (-1,): not there (said once, too)
+            if refused != self._refused_version:
+                log.error("api.tokens_file_invalid", problem=problem, kept_tokens=len(self._tokens))
+            self._refused_version = refused
+            return False
+        before = {t.name: t.token.get_secret_value() for t in self._tokens}
+        after = {t.name: t.token.get_secret_value() for t in tokens}
+        self._tokens, self._version, self._refused_version = tokens, version, None
+        log.info(
+            "api.tokens_reloaded",
+            tokens=len(tokens),
+            added=sorted(set(after) - set(before)),
+            removed=sorted(set(before) - set(after)),
+            changed=sorted(n for n in set(before) & set(after) if before[n] != after[n]),
+        )
+        return True
 
     def authenticate(self, authorization: str | None) -> Principal:
         """The caller behind an ``Authorization`` header, or :class:`Unauthorized`."""
+        self.reload_if_changed()
         if not authorization:
             raise Unauthorized("this endpoint needs Authorization: Bearer <API token>")
         scheme, _, credential = authorization.partition(" ")
@@ -246,11 +362,20 @@ class ApiAuth:
         return principal
 
     def admit(self, request: Request, authorization: str | None, role: Role) -> Principal:
-        """:meth:`authorize_request`, each refusal (401/403) told to the app's access audit (``app.state.access_audit``,
-        when there is one) before it is raised."""
+        """:meth:`authorize_request`, each refusal (401/403, and the 429 of an address past the wrong-token limit)
+        told to the app's access audit (``app.state.access_audit``, when there is one) before it is raised."""
+        presented = bool(authorization and authorization.strip())
+        address = client_address(request) if presented else None
         try:
+            if presented:
+                self.failures.check(address)
             return self.authorize_request(request, authorization, role)
+        except TooManyFailures as exc:
+            audit_refusal(request, status=exc.status, reason=exc.code, role_needed=str(role))
+            raise
         except (Unauthorized, Forbidden) as exc:
+            if presented and exc.code == "invalid_token":
+                self.failures.failed(address)
             principal = exc.principal if isinstance(exc, RoleForbidden) else None
             audit_refusal(request, status=exc.status, reason=exc.code, principal=principal, role_needed=str(role))
             raise
@@ -329,6 +454,19 @@ def guard_openapi(app: FastAPI) -> None:
     route = routes.pop()  # where FastAPI's own was: before any catch-all route added since
     route.guarded = True  # type: ignore[attr-defined]
     routes.insert(min(position, len(routes)), route)
+
+
+def _file_version(path: Path) -> tuple[int, ...]:
+    """What tells a changed tokens file (the file a symlink names: a Kubernetes Secret's update swaps one)."""
+    st = os.stat(path)
+    return (st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino, st.st_dev)
+
+
+def _file_version_or_none(path: Path) -> tuple[int, ...] | None:
+    try:
+        return _file_version(path)
+    except OSError:
+        return None
 
 
 def dump_tokens(tokens: Iterable[ApiToken]) -> str:

@@ -20,6 +20,12 @@ time (or refuses) is a 503, never a hung request.
 The inbox routes authenticate a person by inbox token against the live directory (an API change
 applies as soon as this replica's watch has it); the directory routes take API role tokens.
 
+Wrong inbox tokens count against the client address with wrong role tokens (one limiter: the app's
+:class:`~temporality_service.ApiAuth`'s, ``TEMPORALITY_API_MAX_FAILURES_PER_ADDRESS`` within
+``TEMPORALITY_API_FAILURE_WINDOW_S``, :mod:`temporality_service.limits`): past the limit, a request of that address
+presenting an inbox token is a ``429 too_many_failures`` with ``Retry-After``, audited as reason
+``too_many_failures``; other addresses and vouched-for people are not affected.
+
 Answering: 200 with the request; the identical answer again from the same person is also 200, with
 ``"already_recorded": true`` (whenever it arrives); anything else on an answered request is 409
 ``already_answered``; 403 ``not_recipient``, 404 ``unknown_request``, 409 ``expired`` / ``cancelled``,
@@ -63,10 +69,12 @@ from temporality_service import (
     VOUCH_HEADER,
     ApiAuth,
     ErrorBody,
+    TooManyFailures,
     Unauthorized,
     Unavailable,
     Unprocessable,
     Voucher,
+    client_address,
     install_error_handlers,
     parse_json,
     read_body,
@@ -244,6 +252,9 @@ async def _caller(
     rate-limited apart from the role-token API's; never the token)."""
     try:
         return _identified(request, authorization, vouched)
+    except TooManyFailures as exc:
+        audit_refusal(request, status=exc.status, reason=exc.code, channel="inbox")
+        raise
     except Unauthorized:
         reason = "inbox_vouch" if authorization is None and vouched is not None else "inbox_token"
         audit_refusal(request, status=401, reason=reason, channel="inbox")
@@ -267,8 +278,12 @@ def _identified(request: Request, authorization: str | None, vouched: str | None
     scheme, _, token = authorization.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthorized("the Authorization header must be: Bearer <inbox token>")
+    failures = request.app.state.api_auth.failures  # the role tokens' limiter: one count per address
+    address = client_address(request)
+    failures.check(address)  # past the limit: 429 before the token is compared, the right one too
     user_id = directory.user_for_token(token.strip())
     if user_id is None:
+        failures.failed(address)
         raise Unauthorized("the inbox token is not valid")
     return recipient_for(user_id)
 

@@ -17,6 +17,13 @@ Inbox tokens are never kept in clear past validation: a literal ``inbox_token`` 
 ``inbox_token_sha256`` before anything is stored; ``inbox_token_env`` names a variable each replica
 reads from its own environment. The web inbox compares the SHA-256 of the presented token with every
 user's in constant time.
+
+An inbox token has at least :data:`MIN_INBOX_TOKEN` (24) characters: the directory API refuses a shorter literal
+``inbox_token`` (422). Before 7 December 2026 the floor was 8; so that an upgrade locks nobody out, a shorter one
+(at least :data:`LEGACY_MIN_INBOX_TOKEN`) in the users file or in an ``inbox_token_env`` variable still opens the
+inbox, with ``directory.inbox_token_short`` logged as a warning (user id, never the token) each time it is read
+-- replace it. One already stored as its SHA-256 cannot be measured and keeps working; set a new one through the
+API. Wrong tokens are limited per client address besides (:mod:`temporality_service.limits`, :mod:`.api`).
 """
 
 from __future__ import annotations
@@ -37,6 +44,8 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 __all__ = [
     "GROUP_PREFIX",
     "ID_PATTERN",
+    "LEGACY_MIN_INBOX_TOKEN",
+    "MIN_INBOX_TOKEN",
     "PASSWORD_HASH_PATTERN",
     "RECIPIENT_PREFIX",
     "ConsoleRole",
@@ -69,8 +78,11 @@ ID_PATTERN = r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$"
 _ID_RE = re.compile(ID_PATTERN)
 _MAX_ID = 64
 EntityId = Annotated[str, Field(pattern=ID_PATTERN, min_length=1, max_length=_MAX_ID)]
-#: A literal inbox token shorter than this is refused.
-MIN_INBOX_TOKEN = 8
+#: A new inbox token (the directory API's literal ``inbox_token``) shorter than this is refused ...
+MIN_INBOX_TOKEN = 24
+#: ... and one of the users file or an ``inbox_token_env`` variable shorter than this (the floor before 7 December
+#: 2026); between the two it still works, with a warning (module docstring).
+LEGACY_MIN_INBOX_TOKEN = 8
 #: An Argon2id hash as ``argon2-cffi`` writes it (PHC string format); nothing else is a console password hash.
 PASSWORD_HASH_PATTERN = (
     r"^\$argon2id\$v=19\$m=[0-9]{1,7},t=[0-9]{1,3},p=[0-9]{1,3}\$[A-Za-z0-9+/]{11,128}\$[A-Za-z0-9+/]{16,256}$"
@@ -131,7 +143,7 @@ class UserProfile(_Strict):
     """
 
     display_name: Annotated[str, Field(min_length=1, max_length=200)]
-    inbox_token: Annotated[SecretStr, Field(min_length=MIN_INBOX_TOKEN)] | None = None
+    inbox_token: Annotated[SecretStr, Field(min_length=LEGACY_MIN_INBOX_TOKEN)] | None = None
     inbox_token_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")] | None = None
     inbox_token_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
     preferred: str
@@ -231,10 +243,23 @@ def resolve_token(user_id: str, profile: UserProfile, env: Mapping[str, str]) ->
         token = env.get(profile.inbox_token_env)
         if not token:
             raise DirectoryError(f"user {user_id!r}: environment variable {profile.inbox_token_env} is unset or empty")
-        if len(token) < MIN_INBOX_TOKEN:
+        if len(token) < LEGACY_MIN_INBOX_TOKEN:
             raise DirectoryError(f"user {user_id!r}: the inbox token is shorter than {MIN_INBOX_TOKEN} characters")
+        warn_if_short(user_id, token, f"environment variable {profile.inbox_token_env}")
         return hash_token(token)
     return None
+
+
+def warn_if_short(user_id: str, token: str, where: str) -> None:
+    """Log ``directory.inbox_token_short`` for a legacy token (shorter than :data:`MIN_INBOX_TOKEN`)."""
+    if len(token) < MIN_INBOX_TOKEN:
+        log.warning(
+            "directory.inbox_token_short",
+            user_id=user_id,
+            where=where,
+            minimum=MIN_INBOX_TOKEN,
+            advice="still accepted so that the upgrade locks nobody out; set a new one of at least 24 random characters",
+        )
 
 
 def parse_directory(
@@ -252,6 +277,8 @@ def parse_directory(
         raise DirectoryError(f"invalid user directory: {exc}") from exc
     tokens: dict[str, str] = {}
     for user_id, profile in parsed.users.items():
+        if profile.inbox_token is not None:
+            warn_if_short(user_id, profile.inbox_token.get_secret_value(), "the users file")
         digest = resolve_token(user_id, profile, env)
         if digest is not None:
             if digest in tokens.values():

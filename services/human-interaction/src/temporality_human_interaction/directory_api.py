@@ -55,6 +55,7 @@ from temporality_bus import AlreadyExists, Bus, Conflict, PermanentError, Transi
 from temporality_bus import NotFound as StoreNotFound
 from temporality_human_interaction.directory import (
     ID_PATTERN,
+    MIN_INBOX_TOKEN,
     Directory,
     DirectoryError,
     GroupProfile,
@@ -142,6 +143,10 @@ def _openapi_schemas() -> dict[str, Any]:
         "writeOnly": True,
         "description": "The console password (write-only): stored as its Argon2id hash, never shown; null removes it",
     }
+    token = schemas["UserBody"]["properties"]["inbox_token"]
+    for option in token.get("anyOf", [token]):
+        if option.get("type") == "string":
+            option["minLength"] = MIN_INBOX_TOKEN  # a new one (the users file may still hold a shorter, legacy one)
     for name in ("UserBody", "GroupBody"):
         entry_id = {"type": "string", "maxLength": 64, "pattern": ID_PATTERN, "description": "The id (PUT: the path's)"}
         schemas[name]["properties"] = {"id": entry_id, **schemas[name]["properties"]}
@@ -348,9 +353,15 @@ def directory_router(
     async def validate_user(user_id: str, body: dict[str, Any]) -> UserProfile:
         body = await with_password_hashed(body)
         try:
-            profile = UserProfile.model_validate(body).hashed()
+            given = UserProfile.model_validate(body)
         except ValidationError as exc:
             raise EntryInvalid("user", _field_errors(exc, UserProfile, ("id", "password"))) from None
+        if given.inbox_token is not None and len(given.inbox_token.get_secret_value()) < MIN_INBOX_TOKEN:
+            # (the profile's own floor is the legacy one the users file may still hold: directory.py)
+            raise EntryInvalid(
+                "user", [{"field": "inbox_token", "message": f"must be at least {MIN_INBOX_TOKEN} characters"}]
+            )
+        profile = given.hashed()
         try:
             digest = resolve_token(user_id, profile, env)
         except DirectoryError as exc:

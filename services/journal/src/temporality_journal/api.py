@@ -627,13 +627,21 @@ def create_app(
     if signin is not None:
         signin.install(app, database, bus, refusals)
 
+    @app.api_route("/console", methods=["GET", "HEAD"], include_in_schema=False)
+    async def console_slash(request: Request) -> RedirectResponse:
+        # Starlette's own slash redirect writes an absolute URL from the Host header (a request with
+        # ``Host: evil.example`` was sent to http://evil.example/console/). "console/" is relative to this very
+        # path, so it also keeps whatever prefix a proxy serves the journal under (/ops/console -> /ops/console/).
+        query = request.url.query
+        return RedirectResponse("console/" + (f"?{query}" if query else ""), status_code=307)
+
     app.mount("/console", _ConsoleFiles(directory=CONSOLE_DIR, html=True), name="console")
     app.include_router(gateway_router(settings, gateway, signin, auth.principals))
     app.include_router(human_router(settings, human, database, signin))
 
     @app.get("/", include_in_schema=False)
     async def home() -> RedirectResponse:
-        return RedirectResponse("/console/", status_code=307)
+        return RedirectResponse("console/", status_code=307)  # relative: keeps a proxy's prefix
 
     app.state.catch_up = catch_up or CatchUp(database, tail.changes)  # min_seq (:data:`CaughtUp`)
 

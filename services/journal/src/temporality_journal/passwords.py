@@ -22,10 +22,12 @@ answer                                      when
                                             human-interaction checks an unknown user's password
                                             against a dummy hash, so the time does not tell either
 429 ``too_many_attempts`` + ``Retry-After`` ``TEMPORALITY_JOURNAL_PASSWORD_MAX_FAILURES`` failures for
-                                            that user id (5), or ``..._MAX_FAILURES_PER_ADDRESS`` from
-                                            that client address (20), within ``..._WINDOW_S`` (900 s):
-                                            refused before anything is checked, until the oldest
-                                            failure leaves the window; a success clears the user's
+                                            that user id from that client address (5), or ten times
+                                            as many for that user id from any addresses (50), or
+                                            ``..._MAX_FAILURES_PER_ADDRESS`` from that client address
+                                            (20), within ``..._WINDOW_S`` (900 s): refused before
+                                            anything is checked, until the oldest failure leaves the
+                                            window; a success clears the user's at that address
 503 ``directory_unreachable``               human-interaction did not answer (or could not check):
                                             nobody is signed in; ``Retry-After``
 503 ``attempt_limits_unavailable``          the shared attempt limits could not be read (NATS)
@@ -43,10 +45,17 @@ derived from the session secret (every replica the same), so repeated probes of 
 without revealing it (:meth:`temporality_journal.signin.SignIn.typed_user`). Human-interaction not answering
 that question: ``unknown-user:<digest>`` too.
 
+Why three limits: wrong passwords for ``alice`` typed by someone somewhere must not lock alice out everywhere (the
+hard block is per user id *and* address: from her own address she still signs in), yet guesses spread over many
+addresses stay bounded (the user id's limit across addresses, ten times the first: 50 guesses per 15 minutes
+with the defaults -- reached, alice waits too, as anyone would rather than have her password guessed), and one
+address trying many user ids is stopped by the address's limit.
+
 The limits are shared by every replica: the failures are kept in the NATS KV bucket ``journal-signin-failures``
-(the journal owns it; TTL one day, the longest window), one key per user id (case-folded) and one per address,
-each named by a SHA-256 digest (no user id or address in clear), each holding the times of its failures within
-the window. Every attempt is counted *before* its password is checked, with a compare-and-set that refuses a
+(the journal owns it; TTL one day, the longest window), one key per user id (case-folded), one per user id and
+address, and one per address, each named by a keyed digest (no user id or address in clear), each holding the
+times of its failures within the window (the window arithmetic is :mod:`temporality_service.limits`', which
+also limits wrong API tokens). Every attempt is counted *before* its password is checked, with a compare-and-set that refuses a
 full key, so attempts at the same moment on any number of replicas never pass the limit: exactly the limit's
 number are checked, the rest are 429. A success takes its count back (and clears the user's); an attempt nothing
 decided (human-interaction did not answer) is taken back too; a wrong password's stays: that is the failure. The bucket unreadable: 503
@@ -61,7 +70,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -74,6 +82,7 @@ from temporality_bus import Bus, NotFound, Store, TransientError
 from temporality_protocol import ConsoleRoleQuery, ConsoleRoleReply, PasswordCheck, PasswordCheckReply
 from temporality_protocol.catalog import BUCKET_SIGNIN_FAILURES, RPC_HUMAN_CONSOLE_ROLE, RPC_HUMAN_VERIFY_PASSWORD
 from temporality_service import ApiError, Unavailable
+from temporality_service.limits import Exhausted, take
 
 __all__ = [
     "CHECK_TIMEOUT_S",
@@ -93,6 +102,8 @@ log = structlog.get_logger(__name__)
 
 #: How long the journal waits for human-interaction's answer (Argon2 takes a fraction of a second).
 CHECK_TIMEOUT_S = 10.0
+#: The user id's limit across addresses is this many times its limit per address (``..._PASSWORD_MAX_FAILURES``).
+ACROSS_ADDRESSES = 10
 #: What a NATS KV read or write that failed raises.
 _BUS_ERRORS = (nats.errors.Error, TransientError, TimeoutError, OSError)
 REFUSED = "unknown user or wrong password"
@@ -146,18 +157,6 @@ def limit_key(kind: str, value: str, secret: bytes) -> str:
     return f"{kind}.{digest}"
 
 
-def _recent(times: list[float], now: float, window_s: float) -> list[float]:
-    return [t for t in times if now - window_s < t <= now + window_s]  # a clock far ahead counts as now
-
-
-class Exhausted(Exception):
-    """A limit is reached: no attempt before ``retry_after_s`` seconds."""
-
-    def __init__(self, retry_after_s: int) -> None:
-        super().__init__(f"retry in {retry_after_s} s")
-        self.retry_after_s = retry_after_s
-
-
 @dataclass(frozen=True)
 class Attempt:
     """A sign-in attempt counted by :meth:`AttemptLimits.reserve`: ``at`` is the time it was counted under."""
@@ -168,8 +167,14 @@ class Attempt:
 
 
 class AttemptLimits:
-    """Failed sign-ins per user id and per client address within a sliding window, in the NATS KV bucket
-    ``journal-signin-failures`` that every replica shares (module docstring)."""
+    """Failed sign-ins per user id and client address, per user id across addresses and per client address within
+    a sliding window, in the NATS KV bucket ``journal-signin-failures`` that every replica shares (module
+    docstring).
+
+    ``max_per_user``: a user id's failures from one address (the hard block: someone else's guesses do not lock
+    the person out of their own address); ``max_per_user_anywhere``: the user id's from every address together
+    (default :data:`ACROSS_ADDRESSES` times ``max_per_user``); ``max_per_address``: an address's for any user ids.
+    """
 
     def __init__(
         self,
@@ -180,10 +185,12 @@ class AttemptLimits:
         clock: Callable[[], float] = time.time,
         *,
         key_secret: bytes,
+        max_per_user_anywhere: int | None = None,
     ) -> None:
         self.bus = bus
         self.key_secret = key_secret
         self.max_per_user = max_per_user
+        self.max_per_user_anywhere = max_per_user_anywhere or ACROSS_ADDRESSES * max_per_user
         self.max_per_address = max_per_address
         self.window_s = window_s
         self.clock = clock
@@ -194,8 +201,16 @@ class AttemptLimits:
             self._store = await self.bus.store(BUCKET_SIGNIN_FAILURES, Failures)
         return self._store
 
+    def _user_at(self, user: str, address: str | None) -> str:
+        # "\n" is in neither a user id (the body's string may hold one, but the pair is then still one of a kind)
+        # nor an address; no address (no TCP peer known): one shared "-"
+        return limit_key("user-at", f"{user.casefold()}\n{address or '-'}", self.key_secret)
+
     def _keys(self, user: str, address: str | None) -> list[tuple[str, int]]:
-        keys = [(limit_key("user", user.casefold(), self.key_secret), self.max_per_user)]
+        keys = [
+            (self._user_at(user, address), self.max_per_user),
+            (limit_key("user", user.casefold(), self.key_secret), self.max_per_user_anywhere),
+        ]
         if address is not None:
             keys.append((limit_key("address", address, self.key_secret), self.max_per_address))
         return keys
@@ -207,8 +222,8 @@ class AttemptLimits:
 
         Each count is a compare-and-set that refuses a full key, so attempts on any number of replicas at once
         never pass the limit. The reservation *is* the failure: :meth:`succeeded` takes it back (and clears the
-        user's failures), :meth:`release` takes it back when nothing was decided; one never taken back (a wrong
-        password, or the journal stopping meanwhile) stays counted."""
+        user's failures at that address), :meth:`release` takes it back when nothing was decided; one never taken
+        back (a wrong password, or the journal stopping meanwhile) stays counted."""
         now = self.clock()
         attempt = Attempt(user=user, address=address, at=now)
         try:
@@ -234,13 +249,10 @@ class AttemptLimits:
         return attempt
 
     def _taking(self, now: float, limit: int) -> Callable[[Failures], Failures]:
-        def take(current: Failures) -> Failures:
-            times = sorted(_recent(current.times, now, self.window_s))
-            if len(times) >= limit:
-                raise Exhausted(max(1, math.ceil(times[len(times) - limit] + self.window_s - now)))
-            return Failures(times=[*times, now])
+        def taking(current: Failures) -> Failures:
+            return Failures(times=take(current.times, now, self.window_s, limit))
 
-        return take
+        return taking
 
     @staticmethod
     def _giving_back(at: float) -> Callable[[Failures], Failures | None]:
@@ -254,18 +266,18 @@ class AttemptLimits:
         return give_back
 
     async def succeeded(self, attempt: Attempt) -> None:
-        """A success clears the user's failures and takes the attempt back from the address's count."""
+        """A success clears the user's failures at that address and takes the attempt back from the user id's
+        count across addresses and from the address's (the failures others made elsewhere stay counted: a guesser
+        spread over many addresses is not let off by the person signing in meanwhile)."""
         try:
             store = await self._failures()
-            await store.purge(limit_key("user", attempt.user.casefold(), self.key_secret))
-            if attempt.address is not None:
-                await store.modify(
-                    limit_key("address", attempt.address, self.key_secret), self._giving_back(attempt.at)
-                )
+            keys = self._keys(attempt.user, attempt.address)
+            await store.purge(keys[0][0])
+            for key, _ in keys[1:]:
+                with contextlib.suppress(NotFound):  # expired meanwhile: nothing to take back
+                    await store.modify(key, self._giving_back(attempt.at))
         except _BUS_ERRORS as exc:
             log.warning("signin.attempts_not_cleared", error=type(exc).__name__)
-        except NotFound:
-            pass  # the address's key expired meanwhile: nothing to take back
 
     async def release(self, attempt: Attempt) -> None:
         """Take the attempt back from both counts: nothing was decided (human-interaction did not answer)."""

@@ -127,6 +127,7 @@ from temporality_service import (
     Unavailable,
     Unprocessable,
     Voucher,
+    client_address,
     parse_json,
     read_body,
 )
@@ -563,7 +564,7 @@ class SignIn:
                 body = PasswordSignInBody.model_validate(raw)
             except ValidationError as exc:
                 raise Unprocessable(summarize_errors(exc.errors()), code="invalid_body") from None
-            address = request.client.host if request.client is not None else None
+            address = client_address(request)  # an IPv6 client by its /64, as every failure limit counts
             assert self.passwords is not None  # install() set it
             assert self.limits is not None
             try:

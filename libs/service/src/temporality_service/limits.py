@@ -1,0 +1,164 @@
+"""Failure limits: so many failed attempts within a sliding window, then a 429 with ``Retry-After``.
+
+The window arithmetic is shared by every limit of the project:
+
+* :class:`FailureLimiter` (this module): wrong **bearer tokens** per client address, in the process -- the role
+  tokens of every service's API (:class:`~temporality_service.auth.ApiAuth`, ``TEMPORALITY_API_MAX_FAILURES_PER_ADDRESS``
+  within ``TEMPORALITY_API_FAILURE_WINDOW_S``) and human-interaction's inbox tokens (the same limiter: a wrong
+  token of either kind counts). An address that reached the limit gets ``429 too_many_failures`` with
+  ``Retry-After`` for any request presenting a token -- the right one too: otherwise the 429 would only tell a
+  guesser which of its guesses were wrong, and the one that is not would still get in -- until its oldest
+  failure leaves the window. Callers from other addresses are not affected, and neither is a request without
+  a token (a console session, a vouched principal: signed, not guessable).
+* The journal's password sign-in limits (:class:`temporality_journal.passwords.AttemptLimits`), kept in a NATS
+  KV bucket every replica shares, take their counts with :func:`take`.
+
+The address is the request's client (``request.client.host``): the TCP peer, or what a proxy named in
+``TEMPORALITY_FORWARDED_ALLOW_IPS`` forwarded (:class:`~temporality_service.server.HttpServer`). Behind a proxy
+not so named every client shares the proxy's address, so name it. IPv6 clients are counted per /64 (one host
+usually holds a whole /64 and could otherwise take a fresh address for every guess). Each replica counts its
+own failures (a limit of N with R replicas lets at most N x R guesses through per window): a 24-character
+random token is out of reach of guessing anyway; the limit makes a scan loud and slow, and bounds what a short
+legacy inbox token (8-23 characters, :mod:`temporality_human_interaction.directory`) is exposed to.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import time
+from collections.abc import Callable
+
+import structlog
+from starlette.requests import HTTPConnection
+
+from temporality_service.http import ApiError
+
+__all__ = [
+    "DEFAULT_FAILURE_WINDOW_S",
+    "DEFAULT_MAX_FAILURES_PER_ADDRESS",
+    "Exhausted",
+    "FailureLimiter",
+    "TooManyFailures",
+    "client_address",
+    "recent",
+    "take",
+]
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_MAX_FAILURES_PER_ADDRESS = 20
+DEFAULT_FAILURE_WINDOW_S = 300.0
+#: Addresses remembered at most (each a few floats): past it the expired ones go, then the oldest.
+MAX_TRACKED_ADDRESSES = 10_000
+
+
+class Exhausted(Exception):
+    """A limit is reached: no attempt before ``retry_after_s`` seconds."""
+
+    def __init__(self, retry_after_s: int) -> None:
+        super().__init__(f"retry in {retry_after_s} s")
+        self.retry_after_s = retry_after_s
+
+
+class TooManyFailures(ApiError):
+    """429: this client address presented too many wrong tokens lately."""
+
+    status = 429
+    code = "too_many_failures"
+
+
+def recent(times: list[float], now: float, window_s: float) -> list[float]:
+    """The failure times still within the window ending ``now`` (a time far ahead -- another replica's clock --
+    counts as now)."""
+    return [t for t in times if now - window_s < t <= now + window_s]
+
+
+def retry_after(times: list[float], now: float, window_s: float, limit: int) -> int | None:
+    """Seconds until a key with these failure ``times`` is below ``limit`` again; None: it is below now."""
+    kept = sorted(recent(times, now, window_s))
+    if len(kept) < limit:
+        return None
+    return max(1, math.ceil(kept[len(kept) - limit] + window_s - now))
+
+
+def take(times: list[float], now: float, window_s: float, limit: int) -> list[float]:
+    """``times`` (within the window) with ``now`` added; :class:`Exhausted` when ``limit`` is already reached."""
+    wait = retry_after(times, now, window_s, limit)
+    if wait is not None:
+        raise Exhausted(wait)
+    return [*sorted(recent(times, now, window_s)), now]
+
+
+def client_address(request: HTTPConnection) -> str | None:
+    """The key a request's failures are counted under: its client address (an IPv6 one as its /64)."""
+    if request.client is None:
+        return None
+    host = request.client.host
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return host  # a unix socket's or a test client's name
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
+
+
+class FailureLimiter:
+    """Failures per client address within a sliding window, in this process (module docstring).
+
+    :meth:`check` before a credential is compared, :meth:`failed` when it was wrong; both synchronous, so nothing
+    runs between them in one event loop."""
+
+    def __init__(
+        self,
+        max_failures: int = DEFAULT_MAX_FAILURES_PER_ADDRESS,
+        window_s: float = DEFAULT_FAILURE_WINDOW_S,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        max_addresses: int = MAX_TRACKED_ADDRESSES,
+    ) -> None:
+        if max_failures < 1 or window_s <= 0:
+            raise ValueError("a failure limit needs at least 1 failure and a window longer than 0 s")
+        self.max_failures = max_failures
+        self.window_s = window_s
+        self.clock = clock
+        self.max_addresses = max_addresses
+        self._failures: dict[str, list[float]] = {}
+
+    def check(self, address: str | None) -> None:
+        """:class:`TooManyFailures` (with ``Retry-After``) when ``address`` reached the limit."""
+        if address is None:
+            return
+        times = self._failures.get(address)
+        if not times:
+            return
+        wait = retry_after(times, self.clock(), self.window_s, self.max_failures)
+        if wait is not None:
+            log.info("auth.failure_limit_reached", address=address, retry_after_s=wait)
+            raise TooManyFailures(
+                f"too many wrong tokens from this address; retry in {wait} s", headers={"Retry-After": str(wait)}
+            )
+
+    def failed(self, address: str | None) -> None:
+        """Count a wrong credential presented from ``address``."""
+        if address is None:
+            return
+        now = self.clock()
+        times = recent(self._failures.pop(address, []), now, self.window_s)
+        times.append(now)
+        self._failures[address] = times[-self.max_failures :]  # re-inserted: the dict is oldest-first
+        if len(self._failures) > self.max_addresses:
+            self._forget(now)
+
+    def failures(self, address: str) -> int:
+        """How many failures of ``address`` are within the window now."""
+        return len(recent(self._failures.get(address, []), self.clock(), self.window_s))
+
+    def _forget(self, now: float) -> None:
+        for address in [a for a, times in self._failures.items() if not recent(times, now, self.window_s)]:
+            del self._failures[address]
+        while len(self._failures) > self.max_addresses:
+            del self._failures[next(iter(self._failures))]

@@ -61,7 +61,7 @@ from temporality_service import LogSettings, configure_logging
 from temporality_testing.kv_reads import kv_read_key
 
 ROOT = Path(__file__).resolve().parents[1]
-ALICE = {"Authorization": "Bearer alice-demo-token"}
+ALICE = {"Authorization": "Bearer alice-demo-inbox-token-change-me"}
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 OPTIONS = [HumanOption(id="keep-v1", label="Keep v1"), HumanOption(id="ship-v2", label="Ship v2")]
 SETTLED = ("human-interaction-requests", "human-interaction-policies", "human-interaction-runs")

@@ -88,7 +88,7 @@ from temporality_service.auth import dump_tokens
 
 ROOT = Path(__file__).resolve().parents[1]
 HOOK_AUTH = "Basic " + base64.b64encode(b"azure:change-me").decode()
-ALICE = {"Authorization": "Bearer alice-demo-token"}
+ALICE = {"Authorization": "Bearer alice-demo-inbox-token-change-me"}
 VIEWER = ApiToken(name="bench-viewer", role=Role.viewer, token=SecretStr("bench-viewer-token-0123456789abcdef"))
 JOURNAL = {"Authorization": f"Bearer {VIEWER.token.get_secret_value()}"}
 TASK_QUEUE = "bench-hitl"

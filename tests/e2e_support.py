@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "config"
 EXAMPLE_PR = ROOT / "examples" / "azure-devops" / "git.pullrequest.created.json"
 HOOK_AUTH = "Basic " + base64.b64encode(b"azure:change-me").decode()
-ALICE = {"Authorization": "Bearer alice-demo-token"}
+ALICE = {"Authorization": "Bearer alice-demo-inbox-token-change-me"}
 #: The role tokens of every test stack (``TEMPORALITY_API_TOKENS_FILE``); JOURNAL reads the journal.
 API_TOKENS = [
     ApiToken(name="e2e-viewer", role=Role.viewer, token=SecretStr("e2e-viewer-token-0123456789abcdef")),

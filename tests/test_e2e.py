@@ -536,7 +536,7 @@ async def test_bad_input_at_the_gateway_and_the_inbox(stack: Stack, http: httpx.
     await _run_in_state(http, stack, run_id, "waiting_for_human")
     request = await _the_pending_request(http, stack, run_id)
     url = f"{stack.human_url}/requests/{request['id']}/answer"
-    bob = {"Authorization": "Bearer bob-demo-token"}
+    bob = {"Authorization": "Bearer bob-demo-inbox-token-change-me"}
     assert (await http.post(url, json={"option_id": "keep-v1"}, headers=bob)).status_code == 403
     assert (await http.post(url, json={"option_id": "no-such-option"}, headers=ALICE)).status_code == 422
     assert (await http.post(url, json={}, headers=ALICE)).status_code == 422

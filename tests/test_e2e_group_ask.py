@@ -19,7 +19,7 @@ from e2e_support import ALICE, CONFIG, JOURNAL, eventually, example_pr, make_sta
 
 from temporality_embedded import Stack
 
-BOB = {"Authorization": "Bearer bob-demo-token"}
+BOB = {"Authorization": "Bearer bob-demo-inbox-token-change-me"}
 
 
 @pytest.fixture

@@ -38,7 +38,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
 ALICE_TG = TelegramUser(1001, "Alice")
 BOB_TG = TelegramUser(1002, "Bob")
-BOB = {"Authorization": "Bearer bob-demo-token"}
+BOB = {"Authorization": "Bearer bob-demo-inbox-token-change-me"}
 OPERATOR = {"Authorization": f"Bearer {API_TOKENS[1].token.get_secret_value()}", "X-Temporality-Console": "1"}
 
 #: The shipped trigger with a timeout chain: a reminder at +3 s, bob asked at +6 s, the run failed at +12 s.

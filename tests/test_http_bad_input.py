@@ -890,7 +890,7 @@ def _logged_exceptions(stack: Stack, service: str, since: int) -> list[str]:
     return [f"{what} (x{n})" for what, n in found.items()]
 
 
-BOB = {"Authorization": "Bearer bob-demo-token"}  # config/users.yaml: a user, but not the recipient
+BOB = {"Authorization": "Bearer bob-demo-inbox-token-change-me"}  # config/users.yaml: a user, but not the recipient
 
 
 async def _hostile_answers_to_a_real_request(client: httpx.AsyncClient, stack: Stack, failures: list[str]) -> int:

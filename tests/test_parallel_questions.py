@@ -29,7 +29,7 @@ from temporality_testing.waiting import stays
 
 pytestmark = pytest.mark.e2e
 
-BOB = {"Authorization": "Bearer bob-demo-token"}
+BOB = {"Authorization": "Bearer bob-demo-inbox-token-change-me"}
 RESULT = (
     "alice={{ results.ask[0].status }}:{{ results.ask[0].answer.option_id || '-' }} "
     "bob={{ results.ask[1].status }}:{{ results.ask[1].answer.option_id || '-' }}"

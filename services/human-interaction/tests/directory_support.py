@@ -36,13 +36,13 @@ USERS: dict[str, Any] = {
     "users": {
         "alice": {
             "display_name": "Alice Example",
-            "inbox_token": "alice-demo-token",
+            "inbox_token": "alice-demo-inbox-token-change-me",
             "preferred": "web",
             "channels": {"web": {}},
         },
         "bob": {
             "display_name": "Bob Example",
-            "inbox_token": "bob-demo-token",
+            "inbox_token": "bob-demo-inbox-token-change-me",
             "preferred": "web",
             "channels": {"web": {}},
         },

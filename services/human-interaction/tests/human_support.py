@@ -55,8 +55,8 @@ from temporality_testing.telegram_emulator import TelegramEmulator, TelegramUser
 from temporality_testing.timers import armed_schedules
 
 USERS_FILE = Path(__file__).resolve().parents[3] / "config" / "users.yaml"
-ALICE = {"Authorization": "Bearer alice-demo-token"}
-BOB = {"Authorization": "Bearer bob-demo-token"}
+ALICE = {"Authorization": "Bearer alice-demo-inbox-token-change-me"}
+BOB = {"Authorization": "Bearer bob-demo-inbox-token-change-me"}
 OPTIONS = [
     HumanOption(id="keep-v1", label="Keep the v1 API", consequence="The PR is asked to restore v1"),
     HumanOption(id="drop-v1", label="Drop v1", consequence="The review approves the removal"),
@@ -318,13 +318,13 @@ def people(groups: dict[str, Any]) -> dict[str, Any]:
         "users": {
             "alice": {
                 "display_name": "Alice Example",
-                "inbox_token": "alice-demo-token",
+                "inbox_token": "alice-demo-inbox-token-change-me",
                 "preferred": "web",
                 "channels": {"web": {}},
             },
             "bob": {
                 "display_name": "Bob Example",
-                "inbox_token": "bob-demo-token",
+                "inbox_token": "bob-demo-inbox-token-change-me",
                 "preferred": "telegram",
                 "fallback": ["web"],
                 "channels": {"telegram": {"chat_id": BOB_TELEGRAM.id}, "web": {}},
@@ -464,12 +464,12 @@ class _TimerLosingPipeline:
 ALICE_BOB_AND_API_OWNERS = """users:
   alice:
     display_name: Alice Example
-    inbox_token: alice-demo-token
+    inbox_token: alice-demo-inbox-token-change-me
     preferred: web
     channels: {web: {}}
   bob:
     display_name: Bob Example
-    inbox_token: bob-demo-token
+    inbox_token: bob-demo-inbox-token-change-me
     preferred: web
     channels: {web: {}}
 groups:
@@ -495,7 +495,7 @@ def telegram_first(*, fallback: Sequence[str] = ()) -> dict[str, Any]:
     """A directory of one person, alice, asked on Telegram first, with a web inbox too."""
     alice: dict[str, Any] = {
         "display_name": "Alice Example",
-        "inbox_token": "alice-demo-token",
+        "inbox_token": "alice-demo-inbox-token-change-me",
         "preferred": "telegram",
         "channels": {"telegram": {"chat_id": TG_ALICE.id}, "web": {}},
     }

@@ -54,8 +54,8 @@ from temporality_protocol.events import Escalate, Renotify
 from temporality_testing.telegram_emulator import BOT_ID, TelegramEmulator
 
 BOB, DAVE = BOB_TELEGRAM, DAVE_TELEGRAM
-ALICE_WEB = {"Authorization": "Bearer alice-demo-token"}
-BOB_WEB = {"Authorization": "Bearer bob-demo-token"}
+ALICE_WEB = {"Authorization": "Bearer alice-demo-inbox-token-change-me"}
+BOB_WEB = {"Authorization": "Bearer bob-demo-inbox-token-change-me"}
 
 USERS: dict[str, Any] = people({"reviewers": {"display_name": "Reviewers", "members": ["bob", "dave"]}})
 

@@ -39,9 +39,9 @@ def test_shipped_directory_has_alice_on_matrix_and_bob_on_web() -> None:
     assert alice.channels.matrix is not None
     assert alice.channels.matrix.user_id == "@alice:example.org"
     assert bob.channel_order() == ["web"]
-    assert directory.user_for_token("alice-demo-token") == "alice"
-    assert directory.user_for_token("bob-demo-token") == "bob"
-    assert directory.user_for_token("alice-demo-token ") is None
+    assert directory.user_for_token("alice-demo-inbox-token-change-me") == "alice"
+    assert directory.user_for_token("bob-demo-inbox-token-change-me") == "bob"
+    assert directory.user_for_token("alice-demo-inbox-token-change-me ") is None
     assert directory.user_for_token("") is None
 
 

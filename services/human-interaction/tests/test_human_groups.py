@@ -35,8 +35,8 @@ BOB, DAVE = BOB_TELEGRAM, DAVE_TELEGRAM
 GROUP = "group:api-owners"
 
 USERS: dict[str, Any] = people({"api-owners": {"display_name": "API owners", "members": ["alice", "bob"]}})
-ALICE_WEB = {"Authorization": "Bearer alice-demo-token"}
-BOB_WEB = {"Authorization": "Bearer bob-demo-token"}
+ALICE_WEB = {"Authorization": "Bearer alice-demo-inbox-token-change-me"}
+BOB_WEB = {"Authorization": "Bearer bob-demo-inbox-token-change-me"}
 
 
 @pytest.fixture

@@ -45,7 +45,7 @@ def _directory(accounts: dict[str, MatrixAccount]) -> Directory:
             "users": {
                 "alice": {
                     "display_name": "Alice Example",
-                    "inbox_token": "alice-demo-token",
+                    "inbox_token": "alice-demo-inbox-token-change-me",
                     "preferred": "matrix",
                     "fallback": ["web"],
                     "channels": {"matrix": {"user_id": accounts["alice"].user_id}, "web": {}},

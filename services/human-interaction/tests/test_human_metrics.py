@@ -35,7 +35,7 @@ DAVE_CHAT = 1004
 USERS = f"""users:
   alice:
     display_name: Alice Example
-    inbox_token: alice-demo-token
+    inbox_token: alice-demo-inbox-token-change-me
     preferred: web
     channels: {{web: {{}}}}
   dave:

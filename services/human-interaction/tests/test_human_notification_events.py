@@ -40,7 +40,7 @@ USERS = {
     "users": {
         "alice": {
             "display_name": "Alice Example",
-            "inbox_token": "alice-demo-token",
+            "inbox_token": "alice-demo-inbox-token-change-me",
             "preferred": "telegram",
             "fallback": ["web"],
             "channels": {"telegram": {"chat_id": ALICE.id}, "web": {}},

@@ -255,7 +255,7 @@ async def test_the_sweep_reads_only_requests_that_may_be_due_and_never_misses_on
 USERS = """users:
   alice:
     display_name: Alice Example
-    inbox_token: alice-demo-token
+    inbox_token: alice-demo-inbox-token-change-me
     preferred: web
     channels: {web: {}}
 """

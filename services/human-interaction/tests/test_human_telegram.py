@@ -52,14 +52,14 @@ USERS = {
     "users": {
         "alice": {
             "display_name": "Alice Example",
-            "inbox_token": "alice-demo-token",
+            "inbox_token": "alice-demo-inbox-token-change-me",
             "preferred": "telegram",
             "fallback": ["web"],
             "channels": {"telegram": {"chat_id": ALICE.id}, "web": {}},
         },
         "bob": {
             "display_name": "Bob Example",
-            "inbox_token": "bob-demo-token",
+            "inbox_token": "bob-demo-inbox-token-change-me",
             "preferred": "telegram",
             "channels": {"telegram": {"chat_id": BOB.id}, "web": {}},
         },
@@ -287,7 +287,7 @@ async def test_an_answer_in_the_web_inbox_edits_the_telegram_copy(
         got = await web.post(
             f"/requests/{request_id}/answer",
             json={"option_id": "keep-v1"},
-            headers={"Authorization": "Bearer alice-demo-token"},
+            headers={"Authorization": "Bearer alice-demo-inbox-token-change-me"},
         )
     assert got.status_code == 200, got.text
     edited = await emulator.wait_for_edit(message)
@@ -361,7 +361,7 @@ async def test_a_run_that_ends_cancels_its_pending_requests_and_updates_their_me
         refused = await web.post(
             f"/requests/{pending}/answer",
             json={"option_id": "keep-v1"},
-            headers={"Authorization": "Bearer alice-demo-token"},
+            headers={"Authorization": "Bearer alice-demo-inbox-token-change-me"},
         )
     assert refused.status_code == 409
     assert refused.json()["error"] == "cancelled"

@@ -200,7 +200,7 @@ async def test_a_replica_that_lost_its_lease_stops_polling_and_polls_again_once_
 SERVICE_USERS = f"""users:
   alice:
     display_name: Alice Example
-    inbox_token: alice-demo-token
+    inbox_token: alice-demo-inbox-token-change-me
     preferred: telegram
     fallback: [web]
     channels: {{telegram: {{chat_id: {ALICE.id}}}, web: {{}}}}

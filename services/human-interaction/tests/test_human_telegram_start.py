@@ -33,7 +33,7 @@ def _directory() -> Directory:
             "users": {
                 "alice": {
                     "display_name": "Alice Example",
-                    "inbox_token": "alice-demo-token",
+                    "inbox_token": "alice-demo-inbox-token-change-me",
                     "preferred": "telegram",
                     "fallback": ["web"],
                     "channels": {"telegram": {"chat_id": ALICE.id}, "web": {}},

@@ -28,7 +28,7 @@ from temporality_embedded import Stack
 
 WAIT_MS = 30_000
 SCREENSHOTS = os.environ.get("TEMPORALITY_CONSOLE_SCREENSHOTS")
-ALICE_TOKEN = "alice-demo-token"  # config/users.yaml (a demo value)
+ALICE_TOKEN = "alice-demo-inbox-token-change-me"  # config/users.yaml (a demo value)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

@@ -29,7 +29,7 @@ from temporality_testing.events import EventLog
 from temporality_testing.waiting import eventually
 
 ROOT = Path(__file__).resolve().parents[3]
-ALICE = {"Authorization": "Bearer alice-demo-token"}  # her inbox token in config/users.yaml
+ALICE = {"Authorization": "Bearer alice-demo-inbox-token-change-me"}  # her inbox token in config/users.yaml
 SERVER = McpServer(
     name="notes", command=sys.executable, args=[str(Path(__file__).with_name("mcp_notes_server.py")), "--elicit-tools"]
 )

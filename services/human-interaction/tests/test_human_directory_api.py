@@ -58,7 +58,10 @@ async def test_each_role_may_do_what_it_should_and_no_more(bus: Bus) -> None:
             ("POST", "/directory/groups"),
             ("DELETE", "/directory/groups/api-owners"),
         ]:
-            for headers in ({}, {"Authorization": "Bearer alice-demo-inbox-token-change-me"}):  # no token; an inbox token
+            for headers in (
+                {},
+                {"Authorization": "Bearer alice-demo-inbox-token-change-me"},
+            ):  # no token; an inbox token
                 refused = await c.request(method, path, json=carol(), headers=headers)
                 assert refused.status_code == 401, (method, path, refused.text)
                 assert refused.json()["error"] in ("unauthorized", "invalid_token")
@@ -153,7 +156,9 @@ async def test_validation_names_the_field_and_preconditions_are_enforced(bus: Bu
         assert replaced.status_code == 200, replaced.text
         assert replaced.json()["display_name"] == "Robert"
         assert replaced.json()["inbox_token_set"] is True
-        assert r.directory.user_for_token("bob-demo-inbox-token-change-me") == "bob"  # the kept token still opens the inbox
+        assert (
+            r.directory.user_for_token("bob-demo-inbox-token-change-me") == "bob"
+        )  # the kept token still opens the inbox
         anyway = await c.put(
             "/directory/users/bob", json={**body, "display_name": "Bob"}, headers={**ADMIN, "If-Match": "*"}
         )
@@ -273,7 +278,12 @@ async def test_every_change_is_audited_with_who_and_what_and_no_secret(bus: Bus)
     assert api[1].after["inbox_token_set"] is True
     assert api[2].after == {"id": "reviewers", "display_name": "Reviewers", "members": ["carol"]}
     assert api[4].after is None
-    for secret in ("carol-secret-inbox-token-42", "carol-rotated-inbox-token-43", "alice-demo-inbox-token-change-me", "bob-demo-inbox-token-change-me"):
+    for secret in (
+        "carol-secret-inbox-token-42",
+        "carol-rotated-inbox-token-43",
+        "alice-demo-inbox-token-change-me",
+        "bob-demo-inbox-token-change-me",
+    ):
         for event in events:
             wire = encode(event).decode()
             assert secret not in wire
@@ -295,7 +305,9 @@ async def test_a_token_the_replica_has_not_seen_yet_is_still_refused(bus: Bus) -
         Settings(bus_timeout_s=2.0), bus, behind, AnswerRouter(bus, behind, {}), store=store, auth=ApiAuth(TOKENS)
     )
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://human.test") as c:
-        taken = await c.post("/directory/users", json=carol(inbox_token="alice-demo-inbox-token-change-me"), headers=ADMIN)
+        taken = await c.post(
+            "/directory/users", json=carol(inbox_token="alice-demo-inbox-token-change-me"), headers=ADMIN
+        )
         assert taken.status_code == 422, taken.text
         assert [e["field"] for e in taken.json()["errors"]] == ["inbox_token"]
         assert "alice-demo-inbox-token-change-me" not in taken.text

@@ -58,7 +58,7 @@ USERS = {
     "users": {
         name: {
             "display_name": f"{name.title()} Example",
-            "inbox_token": f"{name}-demo-token",
+            "inbox_token": f"{name}-demo-inbox-token-change-me",
             "preferred": "telegram",
             "fallback": ["web"],
             "channels": {"telegram": {"chat_id": person.id}, "web": {}},

@@ -126,13 +126,13 @@ async def test_group_question_first_answer_wins_the_other_is_told_and_its_messag
                 json={
                     "id": "erin",
                     "display_name": "Erin",
-                    "inbox_token": "erin-inbox-token",
+                    "inbox_token": "erin-inbox-token-for-the-group",
                     "preferred": "web",
                     "channels": {"web": {}},
                 },
                 headers=ADMIN,
             )
-            erin = {"Authorization": "Bearer erin-inbox-token"}
+            erin = {"Authorization": "Bearer erin-inbox-token-for-the-group"}
             assert (await r.client.get(f"/requests/{request_id}", headers=erin)).json()["error"] == "not_recipient"
 
 

@@ -190,3 +190,29 @@ async def test_a_subscriber_reads_the_whole_trajectory_when_run_completed_arrive
     finally:
         await nc.drain()
     assert checked == set(expected)
+
+
+async def test_a_min_seq_beyond_the_events_stream_is_422_at_once_one_on_it_is_waited_for(
+    idle_journal: Journal, bus: Bus, database: Database, story: MakeStory
+) -> None:
+    """A sequence the events stream has not given out yet (no subscriber can have seen it) is the caller's
+    mistake: 422 ``min_seq_beyond_stream`` with the stream's last sequence, without the wait; the app's own
+    catch-up (``create_app``'s default) asks the bus. One the stream holds but the journal has not recorded
+    (its consumer not started) is still a wait, then the 503."""
+    seqs = await _publish(bus, _story_events(story()))
+    app = create_app(Settings(), database, bus, api_auth())
+    app.state.catch_up.wait_s = 0.3  # the 503's wait, short for the test
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://journal", headers=VIEWER
+    ) as client:
+        beyond = seqs[-1] + 1000
+        for path in ("/runs/run-x/events", "/runs/run-x", "/events"):
+            refused = await client.get(path, params={"min_seq": str(beyond)})
+            assert refused.status_code == 422, refused.text
+            body = refused.json()
+            assert body["error"] == "min_seq_beyond_stream"
+            assert (body["min_seq"], body["stream_last_seq"]) == (beyond, seqs[-1])
+            assert "msg.metadata.sequence.stream" in body["detail"]
+        behind = await client.get("/events", params={"min_seq": str(seqs[-1])})
+        assert behind.status_code == 503, behind.text
+        assert behind.json()["error"] == "journal_behind"

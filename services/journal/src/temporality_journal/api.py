@@ -114,6 +114,7 @@ from temporality_journal.settings import Settings
 from temporality_journal.signin import AuthConfig, SignIn, auth_config
 from temporality_journal.tail import SSE_ITEM_SCHEMA, EventStreamResponse, Tail
 from temporality_protocol import RUN, AgentSummary, RunCancelRequested, RunStarted, RunState, derive_id, make_event
+from temporality_protocol.catalog import EVENTS_STREAM
 from temporality_protocol.states import AgentAskState
 from temporality_service import (
     HTTP_TELEMETRY,
@@ -643,7 +644,12 @@ def create_app(
     async def home() -> RedirectResponse:
         return RedirectResponse("console/", status_code=307)  # relative: keeps a proxy's prefix
 
-    app.state.catch_up = catch_up or CatchUp(database, tail.changes)  # min_seq (:data:`CaughtUp`)
+    async def events_stream_last() -> int | None:
+        info = await bus.js.stream_info(EVENTS_STREAM.name)
+        return info.state.last_seq if info.state is not None else None
+
+    # min_seq (:data:`CaughtUp`); one beyond the events stream's last sequence is refused, not waited for
+    app.state.catch_up = catch_up or CatchUp(database, tail.changes, stream_last=events_stream_last)
 
     @app.get("/auth/config", response_model=AuthConfig, description="How to sign in (no sign-in needed).")
     async def sign_in_config() -> AuthConfig:

@@ -28,6 +28,11 @@ event that moved the run *while it was live* -- the event that ends a run, and e
 Why not the journal consumer's ack floor on the server: an extra NATS request per check, and the read
 would depend on NATS being reachable; the database is what the answer is read from anyway.
 
+**A ``min_seq`` beyond the stream** (higher than the events stream's last sequence when the read starts: no
+subscriber saw it) is the caller's mistake, not a journal behind: with ``stream_last`` (the journal's bus
+asked for the stream's state, once per read that has to wait) it is a 422 ``min_seq_beyond_stream`` at once,
+instead of a 503 after the whole wait. Where the bus does not answer, the read waits as above.
+
 How it waits: the recorder wakes the live tail once per committed batch (:class:`~temporality_journal.tail.
 Changes`); the wait takes the same wake-up and also reads again every :data:`POLL_S` (another replica's
 commits, or an app without the recorder's wake-up).
@@ -39,6 +44,7 @@ import asyncio
 import contextlib
 import math
 import time
+from collections.abc import Awaitable, Callable
 
 import structlog
 from sqlalchemy import func
@@ -47,9 +53,9 @@ from sqlalchemy import select as sa_select
 from temporality_journal.database import Database
 from temporality_journal.models import EVENTS_TABLE
 from temporality_journal.tail import Changes
-from temporality_service import Unavailable
+from temporality_service import Unavailable, Unprocessable
 
-__all__ = ["POLL_S", "RETRY_AFTER_S", "WAIT_S", "CatchUp", "JournalBehind"]
+__all__ = ["POLL_S", "RETRY_AFTER_S", "WAIT_S", "BeyondStream", "CatchUp", "JournalBehind"]
 
 log = structlog.get_logger(__name__)
 
@@ -75,9 +81,23 @@ class JournalBehind(Unavailable):
         self._extra = {"min_seq": min_seq, "recorded_seq": recorded}
 
 
+class BeyondStream(Unprocessable):
+    """422 ``min_seq_beyond_stream``: ``min_seq`` is higher than any sequence the events stream has given out."""
+
+    code = "min_seq_beyond_stream"
+
+    def __init__(self, min_seq: int, last: int) -> None:
+        super().__init__(
+            f"min_seq {min_seq} is beyond the events stream, whose last sequence is {last}: pass the stream "
+            "sequence of an event you received (msg.metadata.sequence.stream)"
+        )
+        self._extra = {"min_seq": min_seq, "stream_last_seq": last}
+
+
 class CatchUp:
     """Waits for the journal in ``database`` to record up to a stream sequence (see the module docstring).
-    ``changes``: the recorder's wake-up per committed batch (the live tail's), if this process records."""
+    ``changes``: the recorder's wake-up per committed batch (the live tail's), if this process records;
+    ``stream_last``: the events stream's last sequence (None: not known), asked once by a read that must wait."""
 
     def __init__(
         self,
@@ -86,11 +106,13 @@ class CatchUp:
         *,
         wait_s: float = WAIT_S,
         poll_s: float = POLL_S,
+        stream_last: Callable[[], Awaitable[int | None]] | None = None,
     ) -> None:
         self.database = database
         self.changes = changes
         self.wait_s = wait_s
         self.poll_s = poll_s
+        self.stream_last = stream_last
 
     async def recorded(self) -> int:
         """The highest JetStream stream sequence the journal has recorded (``0``: none yet)."""
@@ -98,16 +120,32 @@ class CatchUp:
             value = (await conn.execute(sa_select(func.max(EVENTS_TABLE.c.stream_seq)))).scalar()
         return int(value) if value is not None else 0
 
+    async def _stream_last(self) -> int | None:
+        """The events stream's last sequence, or None when the bus does not say (the read then just waits)."""
+        assert self.stream_last is not None
+        try:
+            async with asyncio.timeout(min(1.0, self.wait_s)):
+                return await self.stream_last()
+        except Exception as exc:
+            log.info("journal.stream_last_unknown", error=repr(exc))
+            return None
+
     async def wait(self, min_seq: int) -> int:
         """Until the journal has recorded up to ``min_seq`` (its mark, returned); :class:`JournalBehind` after
         :attr:`wait_s` without."""
         started = time.monotonic()
         deadline = started + self.wait_s
+        asked_stream = self.stream_last is None
         while True:
             woken = self.changes.current() if self.changes is not None else None  # before reading: no lost wake-up
             recorded = await self.recorded()
             if recorded >= min_seq:
                 return recorded
+            if not asked_stream:  # once per read: a sequence no subscriber can have seen is refused at once
+                asked_stream = True
+                last = await self._stream_last()
+                if last is not None and min_seq > last:
+                    raise BeyondStream(min_seq, last)
             left = deadline - time.monotonic()
             if left <= 0:
                 waited = time.monotonic() - started

@@ -47,7 +47,6 @@ built its values through the validating constructors once).
 from __future__ import annotations
 
 import asyncio
-import itertools
 import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
@@ -136,9 +135,19 @@ class Pipeline:
         self._bus = bus
         self._prefix: str | None = None
         self._lock = asyncio.Lock()
-        #: token -> (the round waiting for it, the write's place in that round)
-        self._pending: dict[str, tuple[_Round, int]] = {}
-        self._tokens = itertools.count()
+        #: token (the number after the inbox prefix in a write's reply subject) -> (the round waiting for it, the
+        #: write's place in that round)
+        self._pending: dict[int, tuple[_Round, int]] = {}
+        #: The next write's token (a round takes as many consecutive ones as it has writes).
+        self._next = 0
+        #: The rounds waiting for their replies -> their deadline (``loop.time()``), and the one timer that wakes
+        #: them (:meth:`_expire`), armed at (or before) the earliest deadline: not a ``call_later`` and its
+        #: ``cancel`` per round. A round that ends leaves the timer as it is; when it fires it wakes the rounds
+        #: whose deadline passed and is armed again at the earliest one left, if any.
+        self._timed: dict[_Round, float] = {}
+        self._expiry: asyncio.TimerHandle | None = None
+        self._expiry_at = 0.0
+        self._expiry_loop: asyncio.AbstractEventLoop | None = None
         #: How many times the connection was lost (:meth:`_connection_lost`): the number of the connection that is
         #: up, or the one the client is getting back to; and whether it is down (lost, not back yet). Only for a
         #: round sent through ``nc.publish`` (a nats-py without the buffer :func:`_send` hands its frames to).
@@ -171,16 +180,22 @@ class Pipeline:
         for write in writes:
             if len(write.payload) > max_payload:
                 raise PayloadTooLarge(len(write.payload))
-        prefix = await self._inbox()
+        prefix = self._prefix or await self._inbox()
         loop = asyncio.get_running_loop()
-        retry_until = loop.time() + self._bus.js.no_stream_retry_s  # (as Bus.js.publish: from the first send)
+        first_sent = loop.time()  # (as Bus.js.publish: the retries' time counts from the first send)
         replies = await self._round(writes, prefix, timeout_s)
         outcomes: list[PublishResult | BusError] = [
             _outcome(w, r, timeout_s) for w, r in zip(writes, replies, strict=True)
         ]
+        for outcome in outcomes:
+            if outcome.__class__ is not PublishResult:
+                break
+        else:
+            return outcomes  # the hot path: one round trip, every write stored
         again = _no_stream_took(outcomes, replies, range(len(writes)))
         if not again:
-            return outcomes  # the hot path: one round trip
+            return outcomes
+        retry_until = first_sent + self._bus.js.no_stream_retry_s
         delay = 0.02
         while again and loop.time() + delay <= retry_until:
             log.debug("publish.no_stream_yet", subjects=sorted({writes[i].subject for i in again}), retry_in_s=delay)
@@ -199,7 +214,7 @@ class Pipeline:
 
         ``nc.request`` without its costs per request on a hot path: a random token and a NUID, ``nc.publish``'s
         checks, an ``asyncio.wait_for``, and the reply through nats-py's per-message path (:meth:`_on_raw`)."""
-        prefix = await self._inbox()
+        prefix = self._prefix or await self._inbox()
         (reply,) = await self._round([Write(subject, payload, {})], prefix, timeout_s)
         if isinstance(reply, BusError):
             raise reply
@@ -215,8 +230,8 @@ class Pipeline:
 
         The writes go out as one buffer of protocol frames (:func:`_send`) handed to the client once,
         not one ``nc.publish`` each; the replies are put in place as they arrive and the round is woken
-        once, by the last one (one future per round, not per write); the deadline is one timer that wakes
-        it with every reply still missing left ``None``."""
+        once, by the last one (one future per round, not per write); the deadline wakes it with every reply
+        still missing left ``None`` (the pipeline's one timer, :meth:`_expire`, not one per round)."""
         nc = self._bus.nc
         loop = asyncio.get_running_loop()
         pending = self._pending
@@ -224,23 +239,52 @@ class Pipeline:
         # connection the frames go out on, the one up; while the client reconnects, the next one (the frames
         # wait in its buffer), which is the one counted already once the loss was told (_connection_lost)
         connection = self._lost if nc.is_connected or self._down else self._lost + 1
-        batch = _Round(len(writes), loop.create_future(), connection)
-        tokens = [str(next(self._tokens)) for _ in writes]
-        for i, token in enumerate(tokens):
-            pending[token] = (batch, i)
-        expiry = loop.call_later(timeout_s, batch.wake)
+        size = len(writes)
+        batch = _Round(size, loop.create_future(), connection)
+        first = self._next
+        self._next = first + size
+        for i in range(size):
+            pending[first + i] = (batch, i)
+        deadline = loop.time() + timeout_s
+        self._timed[batch] = deadline
+        if self._expiry is None or deadline < self._expiry_at or self._expiry_loop is not loop:
+            self._arm(loop, deadline)
         try:
-            unsent = await _send(nc, writes, prefix, tokens, batch)
+            unsent = await _send(nc, writes, prefix, first, batch)
             for i, error in unsent.items():
-                if pending.pop(tokens[i], None) is not None:
+                if pending.pop(first + i, None) is not None:
                     batch.put(i, error)
             if batch.left > 0:
                 await batch.done
             return batch.replies
         finally:
-            expiry.cancel()
-            for token in tokens:
-                pending.pop(token, None)
+            del self._timed[batch]
+            if batch.left > 0:  # (every write whose token is gone was put in place: none is left then)
+                for i in range(size):
+                    pending.pop(first + i, None)
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
+        """(Re)arm the pipeline's one timer to fire at ``at`` (:meth:`_expire`)."""
+        if self._expiry is not None:
+            self._expiry.cancel()
+        self._expiry_at = at
+        self._expiry_loop = loop
+        self._expiry = loop.call_at(at, self._expire, loop)
+
+    def _expire(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The timer: wake every round whose deadline passed (its missing replies stay ``None``), then arm it
+        again at the earliest deadline left, if a round still waits. (A timer may fire up to a tick of the
+        loop's clock early, as ``call_later``'s did: a deadline within 1 ms counts as passed.)"""
+        self._expiry = None
+        now = loop.time() + 0.001
+        earliest: float | None = None
+        for batch, deadline in self._timed.items():  # (wake only sets a future: nothing leaves _timed meanwhile)
+            if deadline <= now:
+                batch.wake()
+            elif earliest is None or deadline < earliest:
+                earliest = deadline
+        if earliest is not None:
+            self._arm(loop, earliest)
 
     def _connection_lost(self, *, closed: bool = False) -> None:
         """The connection was lost (or closed): every write sent on it fails now with a :class:`TransientError`.
@@ -306,7 +350,8 @@ class Pipeline:
 
     async def _on_reply(self, msg: Msg) -> None:
         assert self._prefix is not None
-        waiting = self._pending.pop(msg.subject[len(self._prefix) :], None)
+        token = _token(msg.subject[len(self._prefix) :])
+        waiting = None if token is None else self._pending.pop(token, None)
         if waiting is not None:
             waiting[0].put(waiting[1], msg)
 
@@ -316,10 +361,13 @@ class Pipeline:
         prefix = self._prefix
         if prefix is None:
             return
-        text = subject.decode(errors="replace")  # never raises: a reply the write waits for is always handed over
-        waiting = self._pending.pop(text[len(prefix) :], None)
+        token = _token(subject[len(prefix) :])  # (the prefix is ASCII: as many bytes as characters)
+        waiting = None if token is None else self._pending.pop(token, None)
         if waiting is not None:
-            msg = _LazyHeadersMsg(self._bus.nc, sid, text, reply.decode(errors="replace"), data, headers)
+            text = subject.decode(errors="replace")
+            msg = _LazyHeadersMsg(
+                self._bus.nc, sid, text, reply.decode(errors="replace") if reply else "", data, headers
+            )
             waiting[0].put(waiting[1], msg)
 
 
@@ -354,48 +402,76 @@ class _Round:
 #: Whether this nats-py has the outbound buffer the frames are handed to (``_send_command``, pinned
 #: ``nats-py>=2.16,<2.17``); without it every write goes out through ``nc.publish``, as before.
 _BUFFERED = all(hasattr(NATS, name) for name in ("_send_command", "_flush_pending"))
-_SUBJECT_INVALID = re.compile(r"[ \t\r\n]")  # nats-py's publish check: whitespace/CRLF would inject protocol
 _HEADER_KEY = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # nats-py's header-name check
-_KEYS_SEEN: set[str] = set()  # header names already checked (a handful: Nats-Msg-Id, Content-Type, ...)
+_KEYS_SEEN: set[str] = set()  # header names found valid as written (a handful: Nats-Msg-Id, Content-Type, ...)
 
 
-def _header_block(headers: dict[str, str]) -> bytes:
+def _header_block(headers: dict[str, str]) -> str:
     """The ``NATS/1.0`` header block of ``headers``, as nats-py's publish writes it (names checked,
-    surrounding blanks stripped, CR/LF in a value turned into blanks, empty names skipped)."""
+    surrounding blanks stripped, CR/LF in a value turned into blanks, empty names skipped), as text."""
+    # the usual case first: every name seen valid as written, no CR/LF in any value (each line then has one
+    # CR and one LF: counted over the block at once, not looked for value by value)
+    lines: list[str] = []
+    for name, value in headers.items():
+        if name not in _KEYS_SEEN:
+            break
+        lines.append(f"{name}: {value.strip()}\r\n")
+    else:
+        block = "".join(lines)
+        if block.count("\n") == len(lines) and block.count("\r") == len(lines):
+            return f"NATS/1.0\r\n{block}\r\n"
     lines = ["NATS/1.0\r\n"]
     for name, value in headers.items():
-        key = name.strip()
-        if not key:
-            continue
-        if key not in _KEYS_SEEN:
+        if name in _KEYS_SEEN:  # a name seen valid as it is (no blanks around it): nothing to check
+            key = name
+        else:
+            key = name.strip()
+            if not key:
+                continue
             if not _HEADER_KEY.fullmatch(key):
                 raise nats.errors.BadHeaderError(key)
-            if len(_KEYS_SEEN) < 1024:
+            if key == name and len(_KEYS_SEEN) < 1024:
                 _KEYS_SEEN.add(key)
         text = value.strip()
         if "\r" in text or "\n" in text:
             text = text.replace("\r", " ").replace("\n", " ")
         lines.append(f"{key}: {text}\r\n")
     lines.append("\r\n")
-    return "".join(lines).encode()
+    return "".join(lines)
 
 
 def _frame(write: Write, reply: str) -> bytes:
     """The protocol frame of ``write`` (``HPUB``, or ``PUB`` without headers) with ``reply`` as its reply
-    subject: the bytes ``nc.publish`` would put in its buffer."""
+    subject: the bytes ``nc.publish`` would put in its buffer (the control line and the header block encoded
+    in one go)."""
     subject = write.subject
-    if not subject or _SUBJECT_INVALID.search(subject):
-        raise nats.errors.BadSubjectError
+    if not subject or " " in subject or "\t" in subject or "\r" in subject or "\n" in subject:
+        raise nats.errors.BadSubjectError  # (nats-py's check: whitespace or CR/LF would inject protocol)
     payload = write.payload
     if write.headers:
         head = _header_block(write.headers)
-        size = len(head)
-        return b"".join((f"HPUB {subject} {reply} {size} {size + len(payload)}\r\n".encode(), head, payload, b"\r\n"))
+        if head.isascii():  # (as it nearly always is: its length in bytes is its length)
+            size = len(head)
+            return b"".join(
+                (f"HPUB {subject} {reply} {size} {size + len(payload)}\r\n{head}".encode(), payload, b"\r\n")
+            )
+        block = head.encode()
+        size = len(block)
+        line = f"HPUB {subject} {reply} {size} {size + len(payload)}\r\n".encode()
+        return b"".join((line, block, payload, b"\r\n"))
     return b"".join((f"PUB {subject} {reply} {len(payload)}\r\n".encode(), payload, b"\r\n"))
 
 
+def _token(text: str | bytes) -> int | None:
+    """The token of a reply subject's last part (its digits: :meth:`Pipeline._round` numbers its writes), or
+    ``None`` for anything else."""
+    if not (text.isdigit() and text.isascii()):
+        return None
+    return int(text)
+
+
 async def _send(
-    nc: NATS, writes: Sequence[Write], prefix: str, tokens: list[str], batch: _Round | None = None
+    nc: NATS, writes: Sequence[Write], prefix: str, first: int, batch: _Round | None = None
 ) -> dict[int, BusError]:
     """Put every write into the client's outbound buffer at once (one flush); the writes that could not be
     sent, each with the error that kept it (the others are on their way). The bytes handed over are recorded
@@ -404,7 +480,7 @@ async def _send(
     if not _BUFFERED:
         for i, write in enumerate(writes):
             try:
-                await nc.publish(write.subject, write.payload, reply=prefix + tokens[i], headers=write.headers)
+                await nc.publish(write.subject, write.payload, reply=f"{prefix}{first + i}", headers=write.headers)
             except (nats.errors.Error, OSError) as exc:
                 unsent[i] = _unsent(write, exc)
         return unsent
@@ -423,7 +499,7 @@ async def _send(
             unsent[i] = _unsent(write, nats.errors.MaxPayloadError())
             continue
         try:
-            frames.append(_frame(write, prefix + tokens[i]))
+            frames.append(_frame(write, f"{prefix}{first + i}"))
         except nats.errors.Error as exc:  # a subject or a header name nats-py would refuse
             unsent[i] = _unsent(write, exc)
             continue
@@ -438,7 +514,11 @@ async def _send(
     if batch is not None:
         batch.frames = data
     try:
-        await nc._send_command(data)
+        # nc._send_command(data), without its coroutine: into the outbound buffer, flushed at once when full
+        nc._pending.append(data)
+        nc._pending_data_size += len(data)
+        if nc._max_pending_size > 0 and nc._pending_data_size > nc._max_pending_size:
+            await nc._flush_pending(force_flush=True)
         if nc._flush_queue is not None and nc._flush_queue.empty():
             await nc._flush_pending()
     except (nats.errors.Error, OSError) as exc:  # closed/reset connection meanwhile

@@ -238,7 +238,7 @@ class Pipeline:
         # for nc.publish's path only (_send records the frames it hands to the buffer, the better witness): the
         # connection the frames go out on, the one up; while the client reconnects, the next one (the frames
         # wait in its buffer), which is the one counted already once the loss was told (_connection_lost)
-        connection = self._lost if nc.is_connected or self._down else self._lost + 1
+        connection = 0 if _BUFFERED else self._lost if nc.is_connected or self._down else self._lost + 1
         size = len(writes)
         batch = _Round(size, loop.create_future(), connection)
         first = self._next
@@ -402,6 +402,7 @@ class _Round:
 #: Whether this nats-py has the outbound buffer the frames are handed to (``_send_command``, pinned
 #: ``nats-py>=2.16,<2.17``); without it every write goes out through ``nc.publish``, as before.
 _BUFFERED = all(hasattr(NATS, name) for name in ("_send_command", "_flush_pending"))
+_CONNECTED = NATS.CONNECTED
 _HEADER_KEY = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # nats-py's header-name check
 _KEYS_SEEN: set[str] = set()  # header names found valid as written (a handful: Nats-Msg-Id, Content-Type, ...)
 
@@ -440,9 +441,9 @@ def _header_block(headers: dict[str, str]) -> str:
     return "".join(lines)
 
 
-def _frame(write: Write, reply: str) -> bytes:
-    """The protocol frame of ``write`` (``HPUB``, or ``PUB`` without headers) with ``reply`` as its reply
-    subject: the bytes ``nc.publish`` would put in its buffer (the control line and the header block encoded
+def _frame(write: Write, prefix: str, token: int) -> bytes:
+    """The protocol frame of ``write`` (``HPUB``, or ``PUB`` without headers) with ``prefix`` + ``token`` as its
+    reply subject: the bytes ``nc.publish`` would put in its buffer (the control line and the header block encoded
     in one go)."""
     subject = write.subject
     if not subject or " " in subject or "\t" in subject or "\r" in subject or "\n" in subject:
@@ -453,13 +454,13 @@ def _frame(write: Write, reply: str) -> bytes:
         if head.isascii():  # (as it nearly always is: its length in bytes is its length)
             size = len(head)
             return b"".join(
-                (f"HPUB {subject} {reply} {size} {size + len(payload)}\r\n{head}".encode(), payload, b"\r\n")
+                (f"HPUB {subject} {prefix}{token} {size} {size + len(payload)}\r\n{head}".encode(), payload, b"\r\n")
             )
         block = head.encode()
         size = len(block)
-        line = f"HPUB {subject} {reply} {size} {size + len(payload)}\r\n".encode()
+        line = f"HPUB {subject} {prefix}{token} {size} {size + len(payload)}\r\n".encode()
         return b"".join((line, block, payload, b"\r\n"))
-    return b"".join((f"PUB {subject} {reply} {len(payload)}\r\n".encode(), payload, b"\r\n"))
+    return b"".join((f"PUB {subject} {prefix}{token} {len(payload)}\r\n".encode(), payload, b"\r\n"))
 
 
 def _token(text: str | bytes) -> int | None:
@@ -484,13 +485,16 @@ async def _send(
             except (nats.errors.Error, OSError) as exc:
                 unsent[i] = _unsent(write, exc)
         return unsent
-    refused: nats.errors.Error | None = None
-    if nc.is_closed:
-        refused = nats.errors.ConnectionClosedError()
-    elif nc.is_draining_pubs:
-        refused = nats.errors.ConnectionDrainingError()
-    if refused is not None:
-        return {i: _unsent(write, refused) for i, write in enumerate(writes)}
+    connected = nc._status == _CONNECTED  # (as nc.is_connected, without its properties, in the usual case)
+    if not connected:
+        refused: nats.errors.Error | None = None
+        if nc.is_closed:
+            refused = nats.errors.ConnectionClosedError()
+        elif nc.is_draining_pubs:
+            refused = nats.errors.ConnectionDrainingError()
+        if refused is not None:
+            return {i: _unsent(write, refused) for i, write in enumerate(writes)}
+        connected = nc.is_connected
     frames: list[bytes] = []
     sent_bytes = 0
     max_payload = nc.max_payload
@@ -499,7 +503,7 @@ async def _send(
             unsent[i] = _unsent(write, nats.errors.MaxPayloadError())
             continue
         try:
-            frames.append(_frame(write, f"{prefix}{first + i}"))
+            frames.append(_frame(write, prefix, first + i))
         except nats.errors.Error as exc:  # a subject or a header name nats-py would refuse
             unsent[i] = _unsent(write, exc)
             continue
@@ -507,7 +511,7 @@ async def _send(
     if not frames:
         return unsent
     data = frames[0] if len(frames) == 1 else b"".join(frames)
-    if not nc.is_connected and (nc._max_pending_size <= 0 or len(data) + nc._pending_data_size > nc._max_pending_size):
+    if not connected and (nc._max_pending_size <= 0 or len(data) + nc._pending_data_size > nc._max_pending_size):
         # reconnecting, and the client's reconnect buffer is off or full (as nc.publish refuses then)
         full = nats.errors.OutboundBufferLimitError()
         return {i: unsent.get(i) or _unsent(write, full) for i, write in enumerate(writes)}

@@ -59,7 +59,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import from_json
 
 from temporality_bus.errors import BusError, Conflict, PayloadTooLarge, TransientError
-from temporality_bus.routing import _LazyHeadersMsg, _route
+from temporality_bus.routing import _LazyHeadersMsg, _parse_headers, _route
 from temporality_bus.tracing import producer_context, traced
 from temporality_protocol import CONTENT_TYPE, EncodedEvent, Envelope, encode
 from temporality_protocol.jetstream import kv_write_subject
@@ -125,6 +125,12 @@ def kv_write(bucket: str, key: str, value: bytes, *, revision: int | None = None
     """A KV put of ``value`` under ``key``; with ``revision``, only if the key is at that revision (0: absent)."""
     headers = {} if revision is None else {_EXPECTED_LAST: str(revision)}
     return Write(f"$KV.{bucket}.{key}", value, headers, bucket=bucket, key=key, revision=revision)
+
+
+#: A reply as :meth:`Pipeline._on_raw` takes it off the parser (sid, subject, reply subject, data, header block): a
+#: ``Msg`` only when one is asked for (:func:`_as_msg`); a ``Msg`` from nats-py's own path (:meth:`Pipeline._on_reply`).
+Raw = tuple[int, bytes, bytes, bytes, bytes | None]
+Reply = Msg | Raw
 
 
 class Pipeline:
@@ -220,11 +226,12 @@ class Pipeline:
             raise reply
         if reply is None:
             raise TransientError(f"request to {subject} failed: no reply within {timeout_s:g} s")
-        if _no_stream(reply):
+        msg = _as_msg(self._bus.nc, reply)
+        if _no_stream(msg.headers):
             raise TransientError(f"request to {subject} failed: no responders")
-        return reply
+        return msg
 
-    async def _round(self, writes: Sequence[Write], prefix: str, timeout_s: float) -> list[Msg | BusError | None]:
+    async def _round(self, writes: Sequence[Write], prefix: str, timeout_s: float) -> list[Reply | BusError | None]:
         """Send ``writes``, await their replies (``timeout_s`` for all): the reply of each, ``None`` for
         none in time, or the error that kept it from being sent.
 
@@ -363,12 +370,8 @@ class Pipeline:
             return
         token = _token(subject[len(prefix) :])  # (the prefix is ASCII: as many bytes as characters)
         waiting = None if token is None else self._pending.pop(token, None)
-        if waiting is not None:
-            text = subject.decode(errors="replace")
-            msg = _LazyHeadersMsg(
-                self._bus.nc, sid, text, reply.decode(errors="replace") if reply else "", data, headers
-            )
-            waiting[0].put(waiting[1], msg)
+        if waiting is not None:  # as read (a tuple): a write's ack is read from its bytes, a Msg made for a request
+            waiting[0].put(waiting[1], (sid, subject, reply, data, headers))
 
 
 class _Round:
@@ -378,7 +381,7 @@ class _Round:
     __slots__ = ("connection", "done", "frames", "left", "replies")
 
     def __init__(self, size: int, done: asyncio.Future[None], connection: int = 0) -> None:
-        self.replies: list[Msg | BusError | None] = [None] * size
+        self.replies: list[Reply | BusError | None] = [None] * size
         self.left = size
         self.done = done
         #: The connection its frames went out on (:attr:`Pipeline._lost` then), for a round sent through
@@ -388,7 +391,7 @@ class _Round:
         #: ``nc.publish``): while this very object is in ``nc._pending`` the round is unsent.
         self.frames: bytes | None = None
 
-    def put(self, i: int, reply: Msg | BusError) -> None:
+    def put(self, i: int, reply: Reply | BusError) -> None:
         self.replies[i] = reply
         self.left -= 1
         if self.left == 0:
@@ -545,20 +548,39 @@ def _caused(error: BusError, cause: BaseException) -> BusError:
     return error
 
 
-def _no_stream(reply: Msg) -> bool:
-    """Whether ``reply`` is the server's "no responders": no stream took the write, nothing was stored."""
-    return reply.headers is not None and reply.headers.get("Status") == _NO_RESPONDERS
+def _as_msg(nc: NATS, reply: Reply) -> Msg:
+    """``reply`` as a ``Msg`` (a routed one's header block parsed only if read: :class:`_LazyHeadersMsg`)."""
+    if isinstance(reply, Msg):
+        return reply
+    sid, subject, to, data, headers = reply
+    return _LazyHeadersMsg(nc, sid, subject.decode(errors="replace"), to.decode(errors="replace"), data, headers)
+
+
+def _headers_of(reply: Reply) -> dict[str, str] | None:
+    """The headers of ``reply`` (a routed one's header block parsed here)."""
+    if isinstance(reply, Msg):
+        return reply.headers
+    raw = reply[4]
+    return None if raw is None else _parse_headers(raw)
+
+
+def _no_stream(headers: dict[str, str] | None) -> bool:
+    """Whether a reply's ``headers`` are the server's "no responders": no stream took the write, nothing was stored."""
+    return headers is not None and headers.get("Status") == _NO_RESPONDERS
 
 
 def _no_stream_took(
-    outcomes: Sequence[PublishResult | BusError], replies: Sequence[Msg | BusError | None], at: Sequence[int]
+    outcomes: Sequence[PublishResult | BusError], replies: Sequence[Reply | BusError | None], at: Sequence[int]
 ) -> list[int]:
     """The places (``at``, one per outcome) of the writes whose reply says no stream took them (each read
     as a :class:`TransientError` by :func:`_outcome`: a ``503`` status wins over any body)."""
     return [
         i
         for i, outcome, reply in zip(at, outcomes, replies, strict=True)
-        if isinstance(outcome, TransientError) and isinstance(reply, Msg) and _no_stream(reply)
+        if isinstance(outcome, TransientError)
+        and reply is not None
+        and not isinstance(reply, BusError)
+        and _no_stream(_headers_of(reply))
     ]
 
 
@@ -567,21 +589,29 @@ def _no_stream_took(
 _read_ack = PublishResult.__pydantic_validator__.validate_json
 
 
-def _outcome(write: Write, reply: Msg | BusError | None, timeout_s: float) -> PublishResult | BusError:
+def _outcome(write: Write, reply: Reply | BusError | None, timeout_s: float) -> PublishResult | BusError:
     """The acknowledgement of ``write`` read: its result, or the error it stands for."""
     if isinstance(reply, BusError):
         return reply
     if reply is None:
         return TransientError(f"publish to {write.subject} failed: no ack within {timeout_s:g} s")
-    data = reply.data
-    headers = reply.headers  # a routed reply's header block is parsed only if there is one: an ack has none
+    block: bytes | None = None
+    if isinstance(reply, Msg):
+        data = reply.data
+        headers = reply.headers
+    else:  # routed (a tuple): the header block is parsed only if there is one (an ack has none)
+        data = reply[3]
+        block = reply[4]
+        headers = None
     # the hot path: a plain ack (a JSON body, no headers), read straight into its result by pydantic-core
-    if headers is None and data and b'"error"' not in data:
+    if headers is None and block is None and data and b'"error"' not in data:
         try:
             result: PublishResult = _read_ack(data)
             return result
         except ValidationError:
             pass  # not an ack at all: said so below
+    if block is not None:
+        headers = _parse_headers(block)
     status = headers.get("Status") if headers else None
     if status is not None:  # a status is never an ack, whatever its body (nats-server sends none with one)
         if status == _NO_RESPONDERS:

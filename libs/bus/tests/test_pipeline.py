@@ -210,3 +210,35 @@ async def test_a_store_reads_through_the_pipeline_not_nc_request(bus: Bus, monke
     assert await store.get("never") is None
     assert await store.get("deleted") is None
     assert await store.get("purged") is None
+
+
+async def test_each_round_waits_out_its_own_deadline_under_the_pipelines_one_timer(bus: Bus) -> None:
+    """The rounds' deadlines share one timer (armed at the earliest): a round with a short timeout sent while a
+    longer one waits times out at its own deadline, not the other's; the longer one, and one sent after, wait out
+    theirs; rounds answered meanwhile are not held up. A plain subscriber takes the writes and never replies."""
+    await bus.store(BUCKET, Item)
+    silent = await bus.nc.subscribe("t.pipeline.silent")
+    try:
+        pipeline = Pipeline(bus)
+        await pipeline.open()
+        started = time.monotonic()
+        long = asyncio.create_task(pipeline.send([Write("t.pipeline.silent", b"1", {})], timeout_s=3.0))
+        await asyncio.sleep(0.05)
+        (short,) = await pipeline.send([Write("t.pipeline.silent", b"2", {})], timeout_s=0.3)
+        waited_short = time.monotonic() - started
+        assert isinstance(short, TransientError)
+        assert "no ack within 0.3 s" in str(short)
+        assert waited_short < 2.5  # its own deadline, not the long round's
+        (stored,) = await pipeline.send([kv_write(BUCKET.name, "meanwhile", _item("meanwhile"))], timeout_s=5)
+        assert isinstance(stored, PublishResult)
+        later = asyncio.create_task(pipeline.send([Write("t.pipeline.silent", b"3", {})], timeout_s=0.4))
+        (unanswered,) = await long
+        assert time.monotonic() - started >= 2.95
+        assert isinstance(unanswered, TransientError)
+        assert "no ack within 3 s" in str(unanswered)
+        (last,) = await later
+        assert isinstance(last, TransientError)
+        assert "no ack within 0.4 s" in str(last)
+        assert pipeline.pending == 0
+    finally:
+        await silent.unsubscribe()

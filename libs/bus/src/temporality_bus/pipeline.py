@@ -47,7 +47,6 @@ built its values through the validating constructors once).
 from __future__ import annotations
 
 import asyncio
-import itertools
 import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
@@ -60,7 +59,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import from_json
 
 from temporality_bus.errors import BusError, Conflict, PayloadTooLarge, TransientError
-from temporality_bus.routing import _LazyHeadersMsg, _route
+from temporality_bus.routing import _LazyHeadersMsg, _parse_headers, _route
 from temporality_bus.tracing import producer_context, traced
 from temporality_protocol import CONTENT_TYPE, EncodedEvent, Envelope, encode
 from temporality_protocol.jetstream import kv_write_subject
@@ -128,6 +127,12 @@ def kv_write(bucket: str, key: str, value: bytes, *, revision: int | None = None
     return Write(f"$KV.{bucket}.{key}", value, headers, bucket=bucket, key=key, revision=revision)
 
 
+#: A reply as :meth:`Pipeline._on_raw` takes it off the parser (sid, subject, reply subject, data, header block): a
+#: ``Msg`` only when one is asked for (:func:`_as_msg`); a ``Msg`` from nats-py's own path (:meth:`Pipeline._on_reply`).
+Raw = tuple[int, bytes, bytes, bytes, bytes | None]
+Reply = Msg | Raw
+
+
 class Pipeline:
     """Pipelined writes over one :class:`Bus` (one reply subscription, opened on first use). The Bus has
     one, :attr:`Bus.pipeline`, that every caller can share (its :meth:`~Bus.publish_many` uses it)."""
@@ -136,9 +141,19 @@ class Pipeline:
         self._bus = bus
         self._prefix: str | None = None
         self._lock = asyncio.Lock()
-        #: token -> (the round waiting for it, the write's place in that round)
-        self._pending: dict[str, tuple[_Round, int]] = {}
-        self._tokens = itertools.count()
+        #: token (the number after the inbox prefix in a write's reply subject) -> (the round waiting for it, the
+        #: write's place in that round)
+        self._pending: dict[int, tuple[_Round, int]] = {}
+        #: The next write's token (a round takes as many consecutive ones as it has writes).
+        self._next = 0
+        #: The rounds waiting for their replies -> their deadline (``loop.time()``), and the one timer that wakes
+        #: them (:meth:`_expire`), armed at (or before) the earliest deadline: not a ``call_later`` and its
+        #: ``cancel`` per round. A round that ends leaves the timer as it is; when it fires it wakes the rounds
+        #: whose deadline passed and is armed again at the earliest one left, if any.
+        self._timed: dict[_Round, float] = {}
+        self._expiry: asyncio.TimerHandle | None = None
+        self._expiry_at = 0.0
+        self._expiry_loop: asyncio.AbstractEventLoop | None = None
         #: How many times the connection was lost (:meth:`_connection_lost`): the number of the connection that is
         #: up, or the one the client is getting back to; and whether it is down (lost, not back yet). Only for a
         #: round sent through ``nc.publish`` (a nats-py without the buffer :func:`_send` hands its frames to).
@@ -171,16 +186,22 @@ class Pipeline:
         for write in writes:
             if len(write.payload) > max_payload:
                 raise PayloadTooLarge(len(write.payload))
-        prefix = await self._inbox()
+        prefix = self._prefix or await self._inbox()
         loop = asyncio.get_running_loop()
-        retry_until = loop.time() + self._bus.js.no_stream_retry_s  # (as Bus.js.publish: from the first send)
+        first_sent = loop.time()  # (as Bus.js.publish: the retries' time counts from the first send)
         replies = await self._round(writes, prefix, timeout_s)
         outcomes: list[PublishResult | BusError] = [
             _outcome(w, r, timeout_s) for w, r in zip(writes, replies, strict=True)
         ]
+        for outcome in outcomes:
+            if outcome.__class__ is not PublishResult:
+                break
+        else:
+            return outcomes  # the hot path: one round trip, every write stored
         again = _no_stream_took(outcomes, replies, range(len(writes)))
         if not again:
-            return outcomes  # the hot path: one round trip
+            return outcomes
+        retry_until = first_sent + self._bus.js.no_stream_retry_s
         delay = 0.02
         while again and loop.time() + delay <= retry_until:
             log.debug("publish.no_stream_yet", subjects=sorted({writes[i].subject for i in again}), retry_in_s=delay)
@@ -199,48 +220,78 @@ class Pipeline:
 
         ``nc.request`` without its costs per request on a hot path: a random token and a NUID, ``nc.publish``'s
         checks, an ``asyncio.wait_for``, and the reply through nats-py's per-message path (:meth:`_on_raw`)."""
-        prefix = await self._inbox()
+        prefix = self._prefix or await self._inbox()
         (reply,) = await self._round([Write(subject, payload, {})], prefix, timeout_s)
         if isinstance(reply, BusError):
             raise reply
         if reply is None:
             raise TransientError(f"request to {subject} failed: no reply within {timeout_s:g} s")
-        if _no_stream(reply):
+        msg = _as_msg(self._bus.nc, reply)
+        if _no_stream(msg.headers):
             raise TransientError(f"request to {subject} failed: no responders")
-        return reply
+        return msg
 
-    async def _round(self, writes: Sequence[Write], prefix: str, timeout_s: float) -> list[Msg | BusError | None]:
+    async def _round(self, writes: Sequence[Write], prefix: str, timeout_s: float) -> list[Reply | BusError | None]:
         """Send ``writes``, await their replies (``timeout_s`` for all): the reply of each, ``None`` for
         none in time, or the error that kept it from being sent.
 
         The writes go out as one buffer of protocol frames (:func:`_send`) handed to the client once,
         not one ``nc.publish`` each; the replies are put in place as they arrive and the round is woken
-        once, by the last one (one future per round, not per write); the deadline is one timer that wakes
-        it with every reply still missing left ``None``."""
+        once, by the last one (one future per round, not per write); the deadline wakes it with every reply
+        still missing left ``None`` (the pipeline's one timer, :meth:`_expire`, not one per round)."""
         nc = self._bus.nc
         loop = asyncio.get_running_loop()
         pending = self._pending
         # for nc.publish's path only (_send records the frames it hands to the buffer, the better witness): the
         # connection the frames go out on, the one up; while the client reconnects, the next one (the frames
         # wait in its buffer), which is the one counted already once the loss was told (_connection_lost)
-        connection = self._lost if nc.is_connected or self._down else self._lost + 1
-        batch = _Round(len(writes), loop.create_future(), connection)
-        tokens = [str(next(self._tokens)) for _ in writes]
-        for i, token in enumerate(tokens):
-            pending[token] = (batch, i)
-        expiry = loop.call_later(timeout_s, batch.wake)
+        connection = 0 if _BUFFERED else self._lost if nc.is_connected or self._down else self._lost + 1
+        size = len(writes)
+        batch = _Round(size, loop.create_future(), connection)
+        first = self._next
+        self._next = first + size
+        for i in range(size):
+            pending[first + i] = (batch, i)
+        deadline = loop.time() + timeout_s
+        self._timed[batch] = deadline
+        if self._expiry is None or deadline < self._expiry_at or self._expiry_loop is not loop:
+            self._arm(loop, deadline)
         try:
-            unsent = await _send(nc, writes, prefix, tokens, batch)
+            unsent = await _send(nc, writes, prefix, first, batch)
             for i, error in unsent.items():
-                if pending.pop(tokens[i], None) is not None:
+                if pending.pop(first + i, None) is not None:
                     batch.put(i, error)
             if batch.left > 0:
                 await batch.done
             return batch.replies
         finally:
-            expiry.cancel()
-            for token in tokens:
-                pending.pop(token, None)
+            del self._timed[batch]
+            if batch.left > 0:  # (every write whose token is gone was put in place: none is left then)
+                for i in range(size):
+                    pending.pop(first + i, None)
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
+        """(Re)arm the pipeline's one timer to fire at ``at`` (:meth:`_expire`)."""
+        if self._expiry is not None:
+            self._expiry.cancel()
+        self._expiry_at = at
+        self._expiry_loop = loop
+        self._expiry = loop.call_at(at, self._expire, loop)
+
+    def _expire(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The timer: wake every round whose deadline passed (its missing replies stay ``None``), then arm it
+        again at the earliest deadline left, if a round still waits. (A timer may fire up to a tick of the
+        loop's clock early, as ``call_later``'s did: a deadline within 1 ms counts as passed.)"""
+        self._expiry = None
+        now = loop.time() + 0.001
+        earliest: float | None = None
+        for batch, deadline in self._timed.items():  # (wake only sets a future: nothing leaves _timed meanwhile)
+            if deadline <= now:
+                batch.wake()
+            elif earliest is None or deadline < earliest:
+                earliest = deadline
+        if earliest is not None:
+            self._arm(loop, earliest)
 
     def _connection_lost(self, *, closed: bool = False) -> None:
         """The connection was lost (or closed): every write sent on it fails now with a :class:`TransientError`.
@@ -306,7 +357,8 @@ class Pipeline:
 
     async def _on_reply(self, msg: Msg) -> None:
         assert self._prefix is not None
-        waiting = self._pending.pop(msg.subject[len(self._prefix) :], None)
+        token = _token(msg.subject[len(self._prefix) :])
+        waiting = None if token is None else self._pending.pop(token, None)
         if waiting is not None:
             waiting[0].put(waiting[1], msg)
 
@@ -316,11 +368,10 @@ class Pipeline:
         prefix = self._prefix
         if prefix is None:
             return
-        text = subject.decode(errors="replace")  # never raises: a reply the write waits for is always handed over
-        waiting = self._pending.pop(text[len(prefix) :], None)
-        if waiting is not None:
-            msg = _LazyHeadersMsg(self._bus.nc, sid, text, reply.decode(errors="replace"), data, headers)
-            waiting[0].put(waiting[1], msg)
+        token = _token(subject[len(prefix) :])  # (the prefix is ASCII: as many bytes as characters)
+        waiting = None if token is None else self._pending.pop(token, None)
+        if waiting is not None:  # as read (a tuple): a write's ack is read from its bytes, a Msg made for a request
+            waiting[0].put(waiting[1], (sid, subject, reply, data, headers))
 
 
 class _Round:
@@ -330,7 +381,7 @@ class _Round:
     __slots__ = ("connection", "done", "frames", "left", "replies")
 
     def __init__(self, size: int, done: asyncio.Future[None], connection: int = 0) -> None:
-        self.replies: list[Msg | BusError | None] = [None] * size
+        self.replies: list[Reply | BusError | None] = [None] * size
         self.left = size
         self.done = done
         #: The connection its frames went out on (:attr:`Pipeline._lost` then), for a round sent through
@@ -340,7 +391,7 @@ class _Round:
         #: ``nc.publish``): while this very object is in ``nc._pending`` the round is unsent.
         self.frames: bytes | None = None
 
-    def put(self, i: int, reply: Msg | BusError) -> None:
+    def put(self, i: int, reply: Reply | BusError) -> None:
         self.replies[i] = reply
         self.left -= 1
         if self.left == 0:
@@ -354,48 +405,77 @@ class _Round:
 #: Whether this nats-py has the outbound buffer the frames are handed to (``_send_command``, pinned
 #: ``nats-py>=2.16,<2.17``); without it every write goes out through ``nc.publish``, as before.
 _BUFFERED = all(hasattr(NATS, name) for name in ("_send_command", "_flush_pending"))
-_SUBJECT_INVALID = re.compile(r"[ \t\r\n]")  # nats-py's publish check: whitespace/CRLF would inject protocol
+_CONNECTED = NATS.CONNECTED
 _HEADER_KEY = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # nats-py's header-name check
-_KEYS_SEEN: set[str] = set()  # header names already checked (a handful: Nats-Msg-Id, Content-Type, ...)
+_KEYS_SEEN: set[str] = set()  # header names found valid as written (a handful: Nats-Msg-Id, Content-Type, ...)
 
 
-def _header_block(headers: dict[str, str]) -> bytes:
+def _header_block(headers: dict[str, str]) -> str:
     """The ``NATS/1.0`` header block of ``headers``, as nats-py's publish writes it (names checked,
-    surrounding blanks stripped, CR/LF in a value turned into blanks, empty names skipped)."""
+    surrounding blanks stripped, CR/LF in a value turned into blanks, empty names skipped), as text."""
+    # the usual case first: every name seen valid as written, no CR/LF in any value (each line then has one
+    # CR and one LF: counted over the block at once, not looked for value by value)
+    lines: list[str] = []
+    for name, value in headers.items():
+        if name not in _KEYS_SEEN:
+            break
+        lines.append(f"{name}: {value.strip()}\r\n")
+    else:
+        block = "".join(lines)
+        if block.count("\n") == len(lines) and block.count("\r") == len(lines):
+            return f"NATS/1.0\r\n{block}\r\n"
     lines = ["NATS/1.0\r\n"]
     for name, value in headers.items():
-        key = name.strip()
-        if not key:
-            continue
-        if key not in _KEYS_SEEN:
+        if name in _KEYS_SEEN:  # a name seen valid as it is (no blanks around it): nothing to check
+            key = name
+        else:
+            key = name.strip()
+            if not key:
+                continue
             if not _HEADER_KEY.fullmatch(key):
                 raise nats.errors.BadHeaderError(key)
-            if len(_KEYS_SEEN) < 1024:
+            if key == name and len(_KEYS_SEEN) < 1024:
                 _KEYS_SEEN.add(key)
         text = value.strip()
         if "\r" in text or "\n" in text:
             text = text.replace("\r", " ").replace("\n", " ")
         lines.append(f"{key}: {text}\r\n")
     lines.append("\r\n")
-    return "".join(lines).encode()
+    return "".join(lines)
 
 
-def _frame(write: Write, reply: str) -> bytes:
-    """The protocol frame of ``write`` (``HPUB``, or ``PUB`` without headers) with ``reply`` as its reply
-    subject: the bytes ``nc.publish`` would put in its buffer."""
+def _frame(write: Write, prefix: str, token: int) -> bytes:
+    """The protocol frame of ``write`` (``HPUB``, or ``PUB`` without headers) with ``prefix`` + ``token`` as its
+    reply subject: the bytes ``nc.publish`` would put in its buffer (the control line and the header block encoded
+    in one go)."""
     subject = write.subject
-    if not subject or _SUBJECT_INVALID.search(subject):
-        raise nats.errors.BadSubjectError
+    if not subject or " " in subject or "\t" in subject or "\r" in subject or "\n" in subject:
+        raise nats.errors.BadSubjectError  # (nats-py's check: whitespace or CR/LF would inject protocol)
     payload = write.payload
     if write.headers:
         head = _header_block(write.headers)
-        size = len(head)
-        return b"".join((f"HPUB {subject} {reply} {size} {size + len(payload)}\r\n".encode(), head, payload, b"\r\n"))
-    return b"".join((f"PUB {subject} {reply} {len(payload)}\r\n".encode(), payload, b"\r\n"))
+        if head.isascii():  # (as it nearly always is: its length in bytes is its length)
+            size = len(head)
+            return b"".join(
+                (f"HPUB {subject} {prefix}{token} {size} {size + len(payload)}\r\n{head}".encode(), payload, b"\r\n")
+            )
+        block = head.encode()
+        size = len(block)
+        line = f"HPUB {subject} {prefix}{token} {size} {size + len(payload)}\r\n".encode()
+        return b"".join((line, block, payload, b"\r\n"))
+    return b"".join((f"PUB {subject} {prefix}{token} {len(payload)}\r\n".encode(), payload, b"\r\n"))
+
+
+def _token(text: str | bytes) -> int | None:
+    """The token of a reply subject's last part (its digits: :meth:`Pipeline._round` numbers its writes), or
+    ``None`` for anything else."""
+    if not (text.isdigit() and text.isascii()):
+        return None
+    return int(text)
 
 
 async def _send(
-    nc: NATS, writes: Sequence[Write], prefix: str, tokens: list[str], batch: _Round | None = None
+    nc: NATS, writes: Sequence[Write], prefix: str, first: int, batch: _Round | None = None
 ) -> dict[int, BusError]:
     """Put every write into the client's outbound buffer at once (one flush); the writes that could not be
     sent, each with the error that kept it (the others are on their way). The bytes handed over are recorded
@@ -404,17 +484,20 @@ async def _send(
     if not _BUFFERED:
         for i, write in enumerate(writes):
             try:
-                await nc.publish(write.subject, write.payload, reply=prefix + tokens[i], headers=write.headers)
+                await nc.publish(write.subject, write.payload, reply=f"{prefix}{first + i}", headers=write.headers)
             except (nats.errors.Error, OSError) as exc:
                 unsent[i] = _unsent(write, exc)
         return unsent
-    refused: nats.errors.Error | None = None
-    if nc.is_closed:
-        refused = nats.errors.ConnectionClosedError()
-    elif nc.is_draining_pubs:
-        refused = nats.errors.ConnectionDrainingError()
-    if refused is not None:
-        return {i: _unsent(write, refused) for i, write in enumerate(writes)}
+    connected = nc._status == _CONNECTED  # (as nc.is_connected, without its properties, in the usual case)
+    if not connected:
+        refused: nats.errors.Error | None = None
+        if nc.is_closed:
+            refused = nats.errors.ConnectionClosedError()
+        elif nc.is_draining_pubs:
+            refused = nats.errors.ConnectionDrainingError()
+        if refused is not None:
+            return {i: _unsent(write, refused) for i, write in enumerate(writes)}
+        connected = nc.is_connected
     frames: list[bytes] = []
     sent_bytes = 0
     max_payload = nc.max_payload
@@ -423,7 +506,7 @@ async def _send(
             unsent[i] = _unsent(write, nats.errors.MaxPayloadError())
             continue
         try:
-            frames.append(_frame(write, prefix + tokens[i]))
+            frames.append(_frame(write, prefix, first + i))
         except nats.errors.Error as exc:  # a subject or a header name nats-py would refuse
             unsent[i] = _unsent(write, exc)
             continue
@@ -431,14 +514,18 @@ async def _send(
     if not frames:
         return unsent
     data = frames[0] if len(frames) == 1 else b"".join(frames)
-    if not nc.is_connected and (nc._max_pending_size <= 0 or len(data) + nc._pending_data_size > nc._max_pending_size):
+    if not connected and (nc._max_pending_size <= 0 or len(data) + nc._pending_data_size > nc._max_pending_size):
         # reconnecting, and the client's reconnect buffer is off or full (as nc.publish refuses then)
         full = nats.errors.OutboundBufferLimitError()
         return {i: unsent.get(i) or _unsent(write, full) for i, write in enumerate(writes)}
     if batch is not None:
         batch.frames = data
     try:
-        await nc._send_command(data)
+        # nc._send_command(data), without its coroutine: into the outbound buffer, flushed at once when full
+        nc._pending.append(data)
+        nc._pending_data_size += len(data)
+        if nc._max_pending_size > 0 and nc._pending_data_size > nc._max_pending_size:
+            await nc._flush_pending(force_flush=True)
         if nc._flush_queue is not None and nc._flush_queue.empty():
             await nc._flush_pending()
     except (nats.errors.Error, OSError) as exc:  # closed/reset connection meanwhile
@@ -461,20 +548,39 @@ def _caused(error: BusError, cause: BaseException) -> BusError:
     return error
 
 
-def _no_stream(reply: Msg) -> bool:
-    """Whether ``reply`` is the server's "no responders": no stream took the write, nothing was stored."""
-    return reply.headers is not None and reply.headers.get("Status") == _NO_RESPONDERS
+def _as_msg(nc: NATS, reply: Reply) -> Msg:
+    """``reply`` as a ``Msg`` (a routed one's header block parsed only if read: :class:`_LazyHeadersMsg`)."""
+    if isinstance(reply, Msg):
+        return reply
+    sid, subject, to, data, headers = reply
+    return _LazyHeadersMsg(nc, sid, subject.decode(errors="replace"), to.decode(errors="replace"), data, headers)
+
+
+def _headers_of(reply: Reply) -> dict[str, str] | None:
+    """The headers of ``reply`` (a routed one's header block parsed here)."""
+    if isinstance(reply, Msg):
+        return reply.headers
+    raw = reply[4]
+    return None if raw is None else _parse_headers(raw)
+
+
+def _no_stream(headers: dict[str, str] | None) -> bool:
+    """Whether a reply's ``headers`` are the server's "no responders": no stream took the write, nothing was stored."""
+    return headers is not None and headers.get("Status") == _NO_RESPONDERS
 
 
 def _no_stream_took(
-    outcomes: Sequence[PublishResult | BusError], replies: Sequence[Msg | BusError | None], at: Sequence[int]
+    outcomes: Sequence[PublishResult | BusError], replies: Sequence[Reply | BusError | None], at: Sequence[int]
 ) -> list[int]:
     """The places (``at``, one per outcome) of the writes whose reply says no stream took them (each read
     as a :class:`TransientError` by :func:`_outcome`: a ``503`` status wins over any body)."""
     return [
         i
         for i, outcome, reply in zip(at, outcomes, replies, strict=True)
-        if isinstance(outcome, TransientError) and isinstance(reply, Msg) and _no_stream(reply)
+        if isinstance(outcome, TransientError)
+        and reply is not None
+        and not isinstance(reply, BusError)
+        and _no_stream(_headers_of(reply))
     ]
 
 
@@ -483,21 +589,29 @@ def _no_stream_took(
 _read_ack = PublishResult.__pydantic_validator__.validate_json
 
 
-def _outcome(write: Write, reply: Msg | BusError | None, timeout_s: float) -> PublishResult | BusError:
+def _outcome(write: Write, reply: Reply | BusError | None, timeout_s: float) -> PublishResult | BusError:
     """The acknowledgement of ``write`` read: its result, or the error it stands for."""
     if isinstance(reply, BusError):
         return reply
     if reply is None:
         return TransientError(f"publish to {write.subject} failed: no ack within {timeout_s:g} s")
-    data = reply.data
-    headers = reply.headers  # a routed reply's header block is parsed only if there is one: an ack has none
+    block: bytes | None = None
+    if isinstance(reply, Msg):
+        data = reply.data
+        headers = reply.headers
+    else:  # routed (a tuple): the header block is parsed only if there is one (an ack has none)
+        data = reply[3]
+        block = reply[4]
+        headers = None
     # the hot path: a plain ack (a JSON body, no headers), read straight into its result by pydantic-core
-    if headers is None and data and b'"error"' not in data:
+    if headers is None and block is None and data and b'"error"' not in data:
         try:
             result: PublishResult = _read_ack(data)
             return result
         except ValidationError:
             pass  # not an ack at all: said so below
+    if block is not None:
+        headers = _parse_headers(block)
     status = headers.get("Status") if headers else None
     if status is not None:  # a status is never an ack, whatever its body (nats-server sends none with one)
         if status == _NO_RESPONDERS:

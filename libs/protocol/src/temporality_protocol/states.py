@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import cached_property
 from typing import Generic, TypeVar
 
 from temporality_protocol.errors import IllegalTransition
@@ -33,11 +34,13 @@ class StateMachine(Generic[S]):
     initial: S
     transitions: Mapping[S, frozenset[S]]
 
-    @property
+    # (computed once per machine: the tables are constants, and ``terminal`` is read several times a run resume;
+    # ``cached_property`` writes the instance's ``__dict__`` directly, which a frozen dataclass allows)
+    @cached_property
     def states(self) -> frozenset[S]:
         return frozenset(self.transitions)
 
-    @property
+    @cached_property
     def terminal(self) -> frozenset[S]:
         return frozenset(s for s, targets in self.transitions.items() if not targets)
 

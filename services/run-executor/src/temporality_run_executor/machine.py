@@ -1073,7 +1073,7 @@ def _caused(run: RunRecord | None, ckpt: Checkpoint | None, incoming: Incoming, 
                 if ending is not None and effect.causation is None:
                     effect = replace(effect, causation=ending)
             else:
-                if effect.causation is None:
+                if effect.causation is None and not isinstance(effect.data, RunCreated):  # its request's, or none
                     effect = replace(effect, causation=default)
                 if effect.run_id is None:
                     last = _published_id(run, effect)

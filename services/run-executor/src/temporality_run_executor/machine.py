@@ -1060,12 +1060,12 @@ def _caused(run: RunRecord | None, ckpt: Checkpoint | None, incoming: Incoming, 
     message = getattr(incoming, "event_id", "")
     default = message if isinstance(message, str) and message else turn_cause(run.run_id, ckpt)
     effects: list[Effect] = []
-    last: str | None = None
+    last: Publish | None = None  # (its id derived only when an end needs it)
     ending: str | None = None
     for effect in decision.effects:
         if isinstance(effect, Transition) and isinstance(end := effect.changes.get("ending"), Ending):
             if end.causation is None:
-                ending = last or default
+                ending = _published_id(run, last) if last is not None else default
                 changes = {**effect.changes, "ending": evolve_shallow(end, causation=ending)}
                 effect = replace(effect, changes=changes)
         elif isinstance(effect, Publish):
@@ -1076,7 +1076,7 @@ def _caused(run: RunRecord | None, ckpt: Checkpoint | None, incoming: Incoming, 
                 if effect.causation is None and not isinstance(effect.data, RunCreated):  # its request's, or none
                     effect = replace(effect, causation=default)
                 if effect.run_id is None:
-                    last = _published_id(run, effect)
+                    last = effect
         effects.append(effect)
     return replace(decision, effects=tuple(effects))
 

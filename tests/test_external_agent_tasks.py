@@ -18,7 +18,7 @@ import asyncio
 import shutil
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from e2e_support import (
 )
 
 from temporality_embedded import Stack
+from temporality_protocol import Envelope
 from temporality_testing.events import EventLog
 
 pytestmark = pytest.mark.e2e
@@ -136,6 +137,18 @@ async def _journaled(http: httpx.AsyncClient, stack: Stack, run_id: str, *types:
     return events if all(t in seen for t in types) else None
 
 
+def _caused_by_earlier(events: Sequence[Envelope], run_id: str) -> None:
+    """Every event of the run the run-executor or agent-collab published (``agent.task.*``) names as its cause
+    (``causationid``) an event of the run stored before it."""
+    seen: set[str] = set()
+    for event in events:
+        if event.runid != run_id and event.data.get("run_id") != run_id:
+            continue
+        if event.source in ("/temporality/run-executor", "/temporality/agent-collab"):
+            assert event.causationid in seen, f"{event.type} {event.id} is caused by {event.causationid!r}"
+        seen.add(event.id)
+
+
 async def test_the_example_agent_takes_a_task_asks_is_killed_resumes_and_finishes(
     external_stack: Stack, tmp_path: Path
 ) -> None:
@@ -219,6 +232,7 @@ async def test_the_example_agent_takes_a_task_asks_is_killed_resumes_and_finishe
             assert "resuming task" in log_text, log_text
             assert "sending unsigned requests" not in log_text, "the example agent must sign"
             assert not events.of_type("agent.message_refused"), "a message of the signing agent was refused"
+            _caused_by_earlier(events.events, run_id)
     finally:
         await stop_processes(agent, second)
         await events.close()
@@ -323,6 +337,8 @@ async def test_a_run_cancelled_while_its_agent_works_ends_the_wait_at_once_and_t
             types = [e["type"] for e in journal]
             assert "run.failed" not in types, types
             assert "human.requested" not in types, types  # it never acted
+            assert ended.causationid == cancelled.id  # the task ended with its run
+            _caused_by_earlier(events.events, run_id)
             assert types.count("agent.task.offered") == 1, types
             assert await _run(http, stack, run_id, "cancelled")
     finally:

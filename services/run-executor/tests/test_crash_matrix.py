@@ -21,7 +21,10 @@ the routed ``agent.answer.received``). Bugs it found (fixed): a kill between a t
 event (``tests/test_terminal_race.py``), a kill between the two is a case of its own: the redelivered answer meets
 the finished run and publishes ``run.completed`` from its record, disarms the watchdog the dead driver left armed
 and marks the event published on the record -- and, like a kill after the end before the ack, journals no
-``run.input_after_end`` for the answer it applied. Every case ends with the record marked and no watchdog armed.
+``run.input_after_end`` for the answer it applied. Every case ends with the record marked and no watchdog armed,
+and every event of the run caused by an earlier one of the run -- each copy of it (the dead driver's, the
+recovery's) with the same causation (``causation_support.Wire``: a core subscription sees the copies JetStream
+drops as duplicates).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from causation_support import Wire, assert_caused
 from executor_processes import Crash, Process, start_process
 from executor_support import REVIEWER, disarmed, keep_v1, run_record, run_requested, settled
 
@@ -130,6 +134,7 @@ async def test_a_crash_at_each_boundary_loses_nothing_and_repeats_nothing(
     phase: str,
     leased: bool,
 ) -> None:
+    wire = await Wire().start(bus.nc)
     crash = Crash(point, nth, armed=phase == "start")
     first = await _start(nats_settings, "executor-1", crash)
     processes.append(first)
@@ -197,6 +202,11 @@ async def test_a_crash_at_each_boundary_loses_nothing_and_repeats_nothing(
     # the lease: the fresh executor drove it to the end and let go
     assert done.lease is None
     assert done.usage == RunUsage(turns=3, tool_calls=2)
+    # what each event says caused it: an earlier event of the run, and the same in every copy the crash and the
+    # recovery published (a journal deduplicating by id keeps the first: a second causation would be lost there)
+    await bus.nc.flush()
+    assert not wire.same_causation()
+    assert_caused(event_log.events, run_id)
 
 
 # (the seam, its nth passing, the phase whose handler dies, whether the dead driver holds the lease)
@@ -230,6 +240,7 @@ async def test_a_crash_around_a_waiting_ask_agent_asks_once_and_ends_once(
 ) -> None:
     """The same for ``ask_agent`` in wait mode: one ``agent.asked`` (request id from run, turn 1, call 0),
     the answer (as agent-collab routes it) applied once, one ending."""
+    wire = await Wire().start(bus.nc)
     crash = Crash(point, nth, armed=phase == "start")
     first = await _start(nats_settings, "executor-1", crash)
     processes.append(first)
@@ -295,3 +306,6 @@ async def test_a_crash_around_a_waiting_ask_agent_asks_once_and_ends_once(
     assert completed.payload(RunCompleted).usage == RunUsage(turns=2, tool_calls=1)
     assert len(event_log.of_type("run.resumed", run_id)) >= 1
     assert done.lease is None
+    await bus.nc.flush()
+    assert not wire.same_causation()
+    assert_caused(event_log.events, run_id)

@@ -24,6 +24,7 @@ from temporality_protocol import (
     LaunchSource,
     RunResumed,
     RunState,
+    derive_id,
     make_event,
 )
 from temporality_protocol.agent_tasks import StoredAction, TaskRecord, task_id_for, task_key
@@ -115,9 +116,12 @@ def _result(turn: int = 1, at: datetime = T0, take: int = 1) -> StoredAction:
 class _Emitted:
     def __init__(self) -> None:
         self.events: list[tuple[Any, tuple[str, ...]]] = []
+        #: Each event's causation, in the same order.
+        self.causes: list[str | None] = []
 
-    async def __call__(self, run: RunRecord, data: Any, *id_parts: str) -> None:
+    async def __call__(self, run: RunRecord, data: Any, *id_parts: str, causation: str | None = None) -> None:
         self.events.append((data, id_parts))
+        self.causes.append(causation)
 
     def of(self, kind: type) -> list[Any]:
         return [data for data, _ in self.events if isinstance(data, kind)]
@@ -222,6 +226,11 @@ async def test_an_agent_that_came_back_is_announced_as_the_run_resuming(bus: Bus
     assert [(r.reason, r.from_turn) for r in resumed] == [("recovery", 1), ("recovery", 1)]
     assert {parts for data, parts in emitted.events if isinstance(data, RunResumed)} == {
         ("external", task_id_for(run_id), "2")
+    }
+    # whichever reads it, the take follows from the turn's offer (the same causation: one event)
+    offered = derive_id("evt", run_id, AgentTaskOffered.EVENT_TYPE, "2")
+    assert {c for (data, _), c in zip(emitted.events, emitted.causes, strict=True) if isinstance(data, RunResumed)} == {
+        offered
     }
 
 

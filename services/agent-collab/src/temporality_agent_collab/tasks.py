@@ -379,7 +379,7 @@ class TaskBoard:
             cause=event.type,
             taken=record.take > 0,
         )
-        await self._bus.publish(self._event(record, ended, "ended"))
+        await self._bus.publish(self._event(record, ended, "ended", causation=event.id))  # the run's end
         if result.changed:
             log.info("agent_task.ended_with_run", run_id=data.run_id, state=record.state.value)
 
@@ -593,13 +593,21 @@ class TaskBoard:
         )
 
     # ------------------------------------------------------------------ events
-    def _event(self, record: TaskRecord, data: EventData, *parts: str) -> Envelope:
+    def _event(
+        self, record: TaskRecord, data: EventData, *parts: str, turn: int | None = None, causation: str | None = None
+    ) -> Envelope:
+        """A fact of the task, caused by the run's ``agent.task.offered`` of ``turn`` (the open turn unless said; its
+        id is the run-executor's, derived from the run and the turn) unless ``causation`` says otherwise."""
+        offered = derive_id(
+            "evt", record.run_id, AgentTaskOffered.EVENT_TYPE, str(record.turn if turn is None else turn)
+        )
         return make_event(
             data,
             source=SOURCE,
             id=derive_id("evt", "agent.task", record.task_id, *parts),
             run_id=record.run_id,
             correlation_id=record.correlation_id,
+            causation_id=causation or offered,
             actor=f"agent:{record.agent_id}",
             subject=record.agent_id,
         )
@@ -719,7 +727,7 @@ class TaskBoard:
             tools=tools,
             detail=(detail or "")[:4096],
         )
-        return self._event(record, data, "acted", str(action.turn))
+        return self._event(record, data, "acted", str(action.turn), turn=action.turn)
 
     async def _malformed(self, agent_id: str, raw: bytes, detail: str) -> None:
         """A task action whose body its schema refuses (a ``result`` without ``result``, a ``handoff`` without its

@@ -133,7 +133,6 @@ from temporality_protocol import (
     RunCancelRequested,
     RunRequested,
     RunState,
-    derive_id,
     encode_event,
     make_event,
     new_id,
@@ -208,6 +207,7 @@ from temporality_run_executor.machine import (
     decide,
     delivered,
     elicitation_answered,
+    event_id,
     flagged,
     human_outcome,
     leased,
@@ -219,6 +219,7 @@ from temporality_run_executor.machine import (
     released,
     renewed,
     tool_error,
+    turn_cause,
     with_reply,
 )
 from temporality_run_executor.providers import BudgetSpent, PermanentProviderError, Provider, ProviderError
@@ -486,7 +487,9 @@ class Engine:
     async def on_run_requested(self, event: Envelope, delivery: Delivery) -> None:
         req = event.payload(RunRequested)
         structlog.contextvars.bind_contextvars(run_id=req.run_id)
-        incoming = Requested(request=req, correlation_id=event.correlationid or req.run_id, tenant=event.tenant)
+        incoming = Requested(
+            request=req, correlation_id=event.correlationid or req.run_id, tenant=event.tenant, event_id=event.id
+        )
         await self._handle(req.run_id, incoming, _attempt(delivery, self.max_deliver))
 
     async def on_human_event(self, event: Envelope, delivery: Delivery) -> None:
@@ -1306,9 +1309,10 @@ class Engine:
         assert isinstance(plan, Invoke)
         tool_call = call.turn.calls[call.index]
         turn = call.turn.number
+        cause = turn_cause(run.run_id, view.ckpt)  # what the turn follows from (the machine's events' causation too)
 
         async def publish(data: EventData, id_parts: tuple[str, ...]) -> None:
-            await self._emit(run, data, *id_parts)
+            await self._emit(run, data, *id_parts, causation=cause)
 
         sampler = self._sampler(view, turn, call.index, tool_call.id, tool_call.name, call.turn.usage, publish)
         ctx = ToolContext(
@@ -1360,9 +1364,10 @@ class Engine:
         assert view.run is not None
         run = view.run
         elicitation = retry.elicitation
+        cause = turn_cause(run.run_id, view.ckpt)  # the run.resumed of the elicitation's wait
 
         async def publish(data: EventData, id_parts: tuple[str, ...]) -> None:
-            await self._emit(run, data, *id_parts)
+            await self._emit(run, data, *id_parts, causation=cause)
 
         used = view.ckpt.usage if view.ckpt is not None else Usage()
         sampler = self._sampler(
@@ -1486,7 +1491,7 @@ class Engine:
         """The CloudEvent attributes of the run's event ``data`` (:meth:`_event`, :meth:`_encoded`)."""
         return {
             "source": SOURCE,
-            "id": derive_id("evt", run.run_id, data.EVENT_TYPE, *id_parts),
+            "id": event_id(run.run_id, data.EVENT_TYPE, *id_parts),
             "run_id": run_id or run.run_id,
             "correlation_id": run.correlation_id,
             "causation_id": causation,

@@ -51,6 +51,7 @@ from temporality_run_executor.machine import (
     LookForAction,
     ProviderFailed,
     ProviderReplied,
+    event_id,
 )
 from temporality_run_executor.providers.base import AssistantTurn
 from temporality_run_executor.records import Message, RunRecord, ToolCall
@@ -178,7 +179,7 @@ class ExternalAgents:
                     inputs=inputs_of(call.messages) if call.turn > 1 else [],
                     messages=messages_of(call.messages),
                 )
-                await self._emit(run, offer, str(call.turn))
+                await self._emit(run, offer, str(call.turn), causation=call.cause)  # what the turn follows from
                 log.info("external.turn_offered")
             if record is None:
                 return AgentWorking(turn=call.turn, agent_id=external_id)
@@ -217,9 +218,11 @@ class ExternalAgents:
 
     async def _announce_takes(self, run: RunRecord, record: TaskRecord, turn: int, announced: int) -> None:
         """AP-8: every take after the first is the agent resuming from its checkpoint: ``run.resumed``."""
+        # the agent took the offered turn up again: what the take follows from is that offer (whichever path reads it)
+        offered = event_id(run.run_id, AgentTaskOffered.EVENT_TYPE, str(turn))
         for take in range(announced + 1, record.take + 1):
             resumed = RunResumed(run_id=run.run_id, reason="recovery", from_turn=max(turn - 1, 0))
-            await self._emit(run, resumed, "external", record.task_id, str(take))
+            await self._emit(run, resumed, "external", record.task_id, str(take), causation=offered)
             log.info("external.agent_resumed", take=take, checkpoint_id=record.checkpoint_id)
 
     @staticmethod

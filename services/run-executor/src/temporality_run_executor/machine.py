@@ -372,6 +372,8 @@ class Requested:
     request: RunRequested
     correlation_id: str
     tenant: str | None = None
+    #: The ``run.requested`` event's id (``run.created``'s causation; the default of what the delivery publishes).
+    event_id: str = ""
     #: The driver has looked for a cancel that came before the run (:class:`AdoptCancelMarker`).
     marker_checked: bool = False
 
@@ -942,6 +944,8 @@ class CallProvider:
     tools: list[ToolSpec]
     budget_s: float
     context: TurnContext
+    #: The causation of what the driver publishes for the turn (an external agent's offer): :func:`turn_cause`.
+    cause: str | None = None
 
 
 @dataclass(frozen=True)
@@ -1003,10 +1007,78 @@ def decide(
     """What ``incoming`` makes the run do next (see the module docstring). ``redactor``: the executor's
     redaction patterns, which every question a person will read passes through (SEC-1), and every tool call's
     arguments, result and error as the journal shows them (``run.tool_called``, ``tool.failed``)."""
-    decision = _decide(run, checkpoint, agent, incoming, now=now, attempt=attempt, redactor=redactor)
+    decision = _caused(
+        run,
+        checkpoint,
+        incoming,
+        _decide(run, checkpoint, agent, incoming, now=now, attempt=attempt, redactor=redactor),
+    )
     if not any(isinstance(e, Publish) and isinstance(e.data, RunToolCalled | ToolFailed) for e in decision.effects):
         return decision
     return replace(decision, effects=tuple(_journaled(e, redactor) for e in decision.effects))
+
+
+def event_id(run_id: str, event_type: str, *id_parts: str) -> str:
+    """The id of the run's event of ``event_type`` and ``id_parts`` (:class:`Publish`): derived, the same whoever
+    publishes it, whenever (the driver's envelopes use it)."""
+    return derive_id("evt", run_id, event_type, *id_parts)
+
+
+def _published_id(run: RunRecord, effect: Publish) -> str:
+    return event_id(run.run_id, effect.data.EVENT_TYPE, *effect.id_parts)
+
+
+def turn_cause(run_id: str, ckpt: Checkpoint | None) -> str:
+    """The id of the event the run's next turn follows from (:attr:`~.records.Checkpoint.cause`), for checkpoints
+    from before it too: ``run.started`` at turn 0 (``run.created`` with no checkpoint yet), else the last turn's
+    ``run.checkpointed``."""
+    if ckpt is None:
+        return event_id(run_id, RunCreated.EVENT_TYPE)
+    if ckpt.cause is not None:
+        return ckpt.cause
+    if ckpt.turn == 0:
+        return event_id(run_id, RunStarted.EVENT_TYPE)
+    return event_id(run_id, RunCheckpointed.EVENT_TYPE, str(ckpt.turn))
+
+
+#: The terminal events: their causation is the record's (:class:`~.records.Ending`), set where the end is decided.
+_TERMINAL = (RunCompleted, RunFailed, RunCancelled)
+
+
+def _caused(run: RunRecord | None, ckpt: Checkpoint | None, incoming: Incoming, decision: Decision) -> Decision:
+    """Every event of the decision says what caused it (the envelope's ``causationid``), deterministically -- a
+    redelivery, a recovery or a replayed turn publishes the same event with the same causation as the first time.
+
+    An event decided without one follows from the message being handled (its event id: a ``human.*`` outcome, an
+    ``agent.*`` event, a cancel, a dead-lettered message, ``run.requested``), or, for what the run does on its own
+    (a turn, a park, a timer), from the event its current turn follows from (:func:`turn_cause`). An end decided
+    without one (:class:`~.records.Ending`) follows from the last event this decision published before it (the
+    last event of the turn that ended the run), else from the same default; it is written with the terminal state,
+    so the terminal event republished from the record keeps it."""
+    if run is None or not any(isinstance(e, Publish | Transition) for e in decision.effects):
+        return decision
+    message = getattr(incoming, "event_id", "")
+    default = message if isinstance(message, str) and message else turn_cause(run.run_id, ckpt)
+    effects: list[Effect] = []
+    last: Publish | None = None  # (its id derived only when an end needs it)
+    ending: str | None = None
+    for effect in decision.effects:
+        if isinstance(effect, Transition) and isinstance(end := effect.changes.get("ending"), Ending):
+            if end.causation is None:
+                ending = _published_id(run, last) if last is not None else default
+                changes = {**effect.changes, "ending": evolve_shallow(end, causation=ending)}
+                effect = replace(effect, changes=changes)
+        elif isinstance(effect, Publish):
+            if isinstance(effect.data, _TERMINAL):
+                if ending is not None and effect.causation is None:
+                    effect = replace(effect, causation=ending)
+            else:
+                if effect.causation is None and not isinstance(effect.data, RunCreated):  # its request's, or none
+                    effect = replace(effect, causation=default)
+                if effect.run_id is None:
+                    last = effect
+        effects.append(effect)
+    return replace(decision, effects=tuple(effects))
 
 
 def _journaled(effect: Effect, redactor: Redactor) -> Effect:
@@ -1101,7 +1173,11 @@ def _requested(
             return _decision(CreateRun(new_record(incoming, now)), then=incoming)
         # created running, held by this handler: one record write before run.started (started_record)
         return _decision(CreateRun(started_record(incoming, attempt, now)), then=incoming)
-    created = Publish(RunCreated(run_id=run.run_id, agent=run.agent, title=run.title, launch=run.launch))
+    # run.created follows from the run.requested that created the record (a later copy of the request: the same)
+    requested = run.requested_event or incoming.event_id or None
+    created = Publish(
+        RunCreated(run_id=run.run_id, agent=run.agent, title=run.title, launch=run.launch), causation=requested
+    )
     if run.state not in (RunState.PENDING, RunState.RUNNING):  # parked, resuming or finished
         return _decision(
             created,
@@ -1128,7 +1204,8 @@ def _requested(
             title=run.title,
             parent_run_id=run.parent_run_id,
             agent_card=summary(agent, run, _given_prompt(ckpt)),
-        )
+        ),
+        causation=event_id(run.run_id, RunCreated.EVENT_TYPE),
     )
     limit_s = card.limits.max_compute_s
     if _held_by_other(run, attempt, now):  # a redelivery while its driver is mid-turn (issue 6)
@@ -1404,18 +1481,22 @@ def _checkpointed_again(run: RunRecord, ckpt: Checkpoint) -> tuple[Publish, ...]
     if ckpt.turn == 0:
         return ()
     # AP-9: the turn's metrics went out after its commit: the same (same id) again
-    metrics = () if ckpt.metrics is None or ckpt.metrics.turn != ckpt.turn else (_metrics(ckpt.metrics),)
+    metrics = (
+        () if ckpt.metrics is None or ckpt.metrics.turn != ckpt.turn else (_metrics(ckpt.metrics, ckpt.turn_cause),)
+    )
     return (_checkpointed(run, ckpt), *metrics)
 
 
-def _metrics(streamed: RunStreamed) -> Publish:
-    """AP-9: a turn's ``metrics``, its id from (run, turn, ``metrics``)."""
-    return Publish(streamed, (str(streamed.turn), "metrics"))
+def _metrics(streamed: RunStreamed, cause: str | None = None) -> Publish:
+    """AP-9: a turn's ``metrics``, its id from (run, turn, ``metrics``); ``cause``: the turn's (:func:`_caused`)."""
+    return Publish(streamed, (str(streamed.turn), "metrics"), causation=cause)
 
 
 def _checkpointed(run: RunRecord, ckpt: Checkpoint) -> Publish:
+    """The committed turn's ``run.checkpointed``, caused by what its turn followed from (kept in the checkpoint, so
+    a recovery's republish is the same event)."""
     checkpointed = RunCheckpointed(run_id=run.run_id, checkpoint_id=ckpt.checkpoint_id, turn=ckpt.turn)
-    return Publish(checkpointed, (str(ckpt.turn),))
+    return Publish(checkpointed, (str(ckpt.turn),), causation=ckpt.turn_cause)
 
 
 def _agent_news(
@@ -1702,6 +1783,7 @@ def _boundary(
             asks=[r.request_id for r in ckpt.received if not r.answered],
             relay=run.relay is not None,
         ),
+        cause=turn_cause(run.run_id, ckpt),
     )
     # the lease is renewed unless this handler took or renewed it a moment ago (most of it left): a turn
     # right after the resume or the start does not write the record again
@@ -2245,7 +2327,11 @@ def _plan_handoff(run: RunRecord, agent: Agent, turn: int, index: int, call: Too
     return Emit(
         json.dumps(content, sort_keys=True),
         Publish(handed, (handoff_id,)),
-        also=(Publish(child, (handoff_id,), run_id=child_run_id),),
+        also=(
+            Publish(
+                child, (handoff_id,), causation=event_id(run.run_id, handed.EVENT_TYPE, handoff_id), run_id=child_run_id
+            ),
+        ),
         handoff=child_run_id,
     )
 
@@ -2539,7 +2625,8 @@ def _commit(
     now: datetime,
 ) -> Decision:
     limits = agent.card.limits
-    metrics = () if turn.metrics is None else (_metrics(turn.metrics),)  # AP-9 (see TurnInFlight.metrics)
+    cause = turn_cause(run.run_id, ckpt)  # what this turn followed from: its events' causation
+    metrics = () if turn.metrics is None else (_metrics(turn.metrics, cause),)  # AP-9 (see TurnInFlight.metrics)
     malformed = ckpt.malformed_tool_calls + turn.malformed
     if malformed > limits.max_malformed_tool_calls:
         error = (
@@ -2567,6 +2654,9 @@ def _commit(
         received=received,
         elicit=turn.elicited,
         metrics=turn.metrics,
+        # the next turn (or the park) follows from this turn's run.checkpointed
+        cause=event_id(run.run_id, RunCheckpointed.EVENT_TYPE, str(turn.number)),
+        turn_cause=cause,
     )
     committed = (*effects, SaveCheckpoint(saved), _checkpointed(run, saved), *metrics)
     handoff = next((p.handoff for p in turn.plans if isinstance(p, Emit) and p.handoff is not None), None)
@@ -2839,6 +2929,7 @@ def new_record(incoming: Requested, now: datetime) -> RunRecord:
         tenant=incoming.tenant,
         created_at=now,
         updated_at=now,
+        requested_event=incoming.event_id or None,
     )
 
 
@@ -2885,6 +2976,7 @@ def initial_checkpoint(run: RunRecord, agent: Agent, now: datetime) -> Checkpoin
         mail=asks,
         mail_keys=[mail.key for mail in asks],
         received=[_received(mail) for mail in asks],
+        cause=event_id(run.run_id, RunStarted.EVENT_TYPE),
     )
 
 
@@ -3026,6 +3118,7 @@ def apply_result(
         applied_requests=[*ckpt.applied_requests, request_id],
         resumed_by=key if key is not None else ckpt.resumed_by,
         saved_at=now,
+        cause=_resumed_id(ckpt.run_id, request_id),
     )
 
 
@@ -3048,7 +3141,14 @@ def elicitation_answered(ckpt: Checkpoint, answering: AnswerElicitation, now: da
         elicit=elicitation,
         applied_requests=[*ckpt.applied_requests, request_id],
         saved_at=now,
+        cause=_resumed_id(ckpt.run_id, request_id),
     )
+
+
+def _resumed_id(run_id: str, wait_id: str) -> str:
+    """The id of the ``run.resumed`` that ended the wait on ``wait_id`` (:func:`_resume`, :func:`_agent_news`): what
+    the resumed turn follows from."""
+    return event_id(run_id, RunResumed.EVENT_TYPE, wait_id)
 
 
 def recorded(ckpt: Checkpoint, outcome: ParkedOutcome) -> Checkpoint | None:
@@ -3094,6 +3194,7 @@ def apply_parked(ckpt: Checkpoint, request_id: str, now: datetime) -> Checkpoint
         applied_requests=[*ckpt.applied_requests, *applied],
         dismissed_requests=[*ckpt.dismissed_requests, *dismissed],
         saved_at=now,
+        cause=_resumed_id(ckpt.run_id, parked[0].request_id),  # one run.resumed per wait, the id its first request's
     )
 
 

@@ -260,6 +260,9 @@ class RunRecord(_Model):
     #: The provider's reply for the turn in flight, kept before its calls' effects (:class:`KeptReply`); records
     #: from before it read ``None``.
     reply: KeptReply | None = None
+    #: The id of the ``run.requested`` event that created the record: ``run.created``'s causation, the same
+    #: whichever copy of the request comes later (records from before it read ``None``: the request at hand's).
+    requested_event: str | None = None
 
 
 class Checkpoint(_Model):
@@ -302,6 +305,14 @@ class Checkpoint(_Model):
     #: AP-9: the last committed turn's ``metrics`` (a hosted run's), published right after the commit: a
     #: recovery republishes them (the same id), so a driver killed in between loses none.
     metrics: RunStreamed | None = None
+    #: The id of the event the run's next turn follows from -- the causation of its events (and of a park's
+    #: ``human.requested`` / ``agent.asked``): ``run.started`` for the first turn, the last committed turn's
+    #: ``run.checkpointed``, or the ``run.resumed`` of the wait that ended since. Checkpoints from before it read
+    #: ``None`` (:func:`~temporality_run_executor.machine.turn_cause` derives one).
+    cause: str | None = None
+    #: The causation of the committed turn ``turn``'s own events: its ``run.checkpointed`` and ``metrics``, which a
+    #: recovery republishes from this checkpoint (the same id, the same causation).
+    turn_cause: str | None = None
 
     @property
     def parked(self) -> list[PendingAsk]:

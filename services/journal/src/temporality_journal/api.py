@@ -1130,7 +1130,9 @@ def create_app(
         until: Annotated[datetime | None, Query(description="Runs created before (ISO 8601)")] = None,
         agent: Annotated[str | None, _text("Only runs of this agent (case-insensitive)")] = None,
         trigger_id: Annotated[str | None, _text("Only runs launched by this trigger (case-insensitive)")] = None,
-        top: Annotated[int, Query(ge=1, le=100, description="How many of the most frequent questions")] = 10,
+        top: Annotated[
+            int, Query(ge=1, le=100, description="How many of the most frequent questions (and of top_reasons)")
+        ] = 10,
     ) -> HumanAnalytics:
         conditions = _run_filters(database, agent=agent, trigger_id=trigger_id, since=since, until=until)
         run_ids = select(RunRecord.run_id).where(*conditions)

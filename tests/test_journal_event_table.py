@@ -20,7 +20,7 @@ def _documented() -> set[str]:
     found: set[str] = set()
     for row in table.splitlines():
         cells = [c.strip() for c in row.strip().strip("|").split("|")]
-        family = re.fullmatch(r"`([a-z_]+)\.\*`", cells[0]) if len(cells) == 3 else None
+        family = re.fullmatch(r"`([a-z_]+)\.[*>]`", cells[0]) if len(cells) == 3 else None
         if family is not None:
             found |= {f"{family[1]}.{t}" for t in re.findall(r"`([a-z_.]+)`", cells[1])}
     return found

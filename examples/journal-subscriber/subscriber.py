@@ -50,7 +50,7 @@ STREAM = "TEMPORALITY_EVENTS"
 PREFIX = "temporality.events"
 #: A subscriber's name: one subject token that is also a valid consumer name (the NATS user is sub-<name>).
 NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,62}$")
-#: An event type or a pattern of them (``run.completed``, ``human.*``, ``agent.>``).
+#: An event type or a NATS pattern of them (``run.completed``, ``agent.>``; ``human.*`` is one token below ``human``).
 TYPE = re.compile(r"^([a-z0-9_]+|\*)(\.([a-z0-9_]+|\*))*(\.>)?$|^>$")
 
 
@@ -75,8 +75,8 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--type",
         action="append",
         dest="types",
-        help="an event type to receive, or a pattern (human.*, agent.>); repeat it; default: run.completed, "
-        "run.failed, run.cancelled",
+        help="an event type to receive, or a family (human.>, agent.>: every type below it; * matches one token "
+        "only, human.* misses human.directory.changed); repeat it; default: run.completed, run.failed, run.cancelled",
     )
     parser.add_argument(
         "--deliver",
@@ -275,7 +275,9 @@ async def run(args: argparse.Namespace) -> int:
                 max_ack_pending=config.max_ack_pending,
             )
             try:
-                info = await js.add_consumer(STREAM, wanted)
+                await js.add_consumer(STREAM, wanted)
+                # what the server holds now, read again: the banner below shows it, never what was there before
+                info = await js.consumer_info(STREAM, args.durable)
             except (nats.errors.Error, nats.js.errors.Error) as exc:
                 log.error(
                     "cannot update durable %s on %s (%s): run with its settings, or delete it (as a user allowed to: "
@@ -288,6 +290,9 @@ async def run(args: argparse.Namespace) -> int:
                 )
                 await sub.unsubscribe()
                 return 3
+            still = _differences(info.config, config)
+            if still:  # another client changed it back in between: say so rather than print a filter it lacks
+                log.warning("durable %s still differs from what was asked (%s)", args.durable, "; ".join(still))
         log.info(
             "subscribed: durable %s on %s, filter %s, %d pending, %d acknowledged before",
             args.durable,

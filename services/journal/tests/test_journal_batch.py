@@ -23,8 +23,9 @@ from temporality_bus import PermanentError
 from temporality_journal import Database, Recorder
 from temporality_journal import recorder as recorder_module
 from temporality_journal.models import RunSnapshot
+from temporality_journal.projection import project, run_id_of
 from temporality_journal.recorder import _as_guessed, _Guesses, _Row
-from temporality_protocol import AgentAsked, Envelope, RunState, decode, encode, make_event
+from temporality_protocol import RUN, AgentAsked, Envelope, RunState, decode, encode, make_event
 from temporality_testing.waiting import stays
 
 MakeStory = Callable[..., Any]  # journal_support.RunStory
@@ -565,6 +566,48 @@ async def test_a_projected_event_with_invalid_data_is_stored_and_its_skip_logged
     events, runs = await _rows(database)
     assert {"evt-invalid-1", "evt-invalid-2"} <= {event["id"] for event in events}
     assert [run["state"] for run in runs] == ["running"]
+
+
+def test_a_batch_projection_leaves_the_runs_it_starts_from_as_they_were(story: MakeStory) -> None:
+    """The batch's projection copies a run once and changes that copy in place for the run's later events: the runs
+    it starts from (as read, or as a guess remembered them) stay as they were, and the runs after it, its moves and
+    finished runs are those of :func:`project` one event at a time."""
+    events: list[tuple[Envelope, int]] = []
+    for event, seq in _mixed(story):  # the first of each id, as the batch keeps it
+        if all(event.id != e.id for e, _ in events):
+            events.append((event, seq))
+    first, rest = events[:9], events[9:]
+
+    def fold(runs: dict[str, RunSnapshot], batch: list[tuple[Envelope, int]]) -> tuple[int, list[str]]:
+        moved, finished = 0, []
+        for event, seq in batch:
+            run_id = run_id_of(event)
+            after = project(runs.get(run_id), event, seq) if run_id is not None else None
+            if after is None or run_id is None:
+                continue
+            if run_id not in runs or runs[run_id].state != after.state:
+                moved += 1
+                if after.state in RUN.terminal:
+                    finished.append(run_id)
+            runs[run_id] = after
+        return moved, finished
+
+    before: dict[str, RunSnapshot] = {}
+    fold(before, first)
+    kept = {run_id: run.model_dump() for run_id, run in before.items()}
+    expected = dict(before)
+    moved, finished = fold(expected, rest)
+
+    result = recorder_module._project(recorder_module._projected(rest), before)
+    assert {run_id: run.model_dump() for run_id, run in before.items()} == kept
+    assert {run_id: run.model_dump() for run_id, run in result.runs.items()} == {
+        run_id: run.model_dump() for run_id, run in expected.items()
+    }
+    assert result.moved == moved
+    assert len(result.finished) == len(finished) > 0
+    assert {run.run_id for run in result.writes()} == {
+        run_id for run_id, run in expected.items() if run_id not in before or run != before[run_id]
+    }
 
 
 def test_after_a_wrong_guess_the_next_batches_are_not_guessed_for_a_while(story: MakeStory) -> None:

@@ -133,8 +133,8 @@ async def test_sign_in_timeline_reads_like_ui_1_and_updates_live(
             "Run started",
             "Tool call: get_pr_context",
             "Human request",
-            re.compile(r"^Waiting (29|30|31) min$"),  # the story asked ~30 minutes ago
             "Notified alice on matrix",
+            re.compile(r"^Waiting (29|30|31) min$"),  # the story asked ~30 minutes ago: up to now, so last
         ],
         timeout=WAIT_MS,
     )
@@ -159,7 +159,7 @@ async def test_sign_in_timeline_reads_like_ui_1_and_updates_live(
         s.resumed(),
         s.completed("Kept v1; asked the author to restore it"),
     )
-    await expect(steps.nth(6)).to_have_text("Waited 1 min", timeout=WAIT_MS)  # waited_s = 60 of human.answered
+    await expect(steps.nth(8)).to_have_text("Waited 1 min", timeout=WAIT_MS)  # waited_s = 60 of human.answered
     await expect(steps).to_have_text(
         [
             "Trigger ado-pr",
@@ -168,9 +168,9 @@ async def test_sign_in_timeline_reads_like_ui_1_and_updates_live(
             "Run started",
             "Tool call: get_pr_context",
             "Human request",
-            "Waited 1 min",
             "Notified alice on matrix",
             "Duplicate delivery ignored",
+            "Waited 1 min",  # in time order: just before the answer it waited for
             "Human response",
             "Run resumed",
             "Completed",
@@ -311,8 +311,8 @@ async def test_triggers_and_analytics_pages(
     page = await _sign_in(browser_context, served_journal, VIEWER_TOKEN, "#/triggers")
     row = page.locator(f'#triggers tr[data-trigger-id="{s.trigger_id}"]')
     await expect(row.locator("td").nth(3)).to_have_text("reviewer", timeout=WAIT_MS)  # agent
-    await expect(row.locator("td").nth(6)).to_have_text("1")  # successful runs
-    await expect(row.locator("td").nth(7)).to_have_text("1")  # needed a human
+    await expect(row.locator("td.runs-completed")).to_have_text("1")  # successful runs
+    await expect(row.locator("td.needed-human")).to_have_text("1")  # needed a human
     await row.get_by_role("link", name=s.trigger_id).click()
     await expect(page.locator("#deliveries")).to_contain_text("dlv-1", timeout=WAIT_MS)
     await expect(page.locator("#deliveries")).to_contain_text("accepted")

@@ -258,7 +258,7 @@ async def test_analytics_has_a_period_in_its_address(
     await expect(page).to_have_url(f"{served_journal.url}/console/#/analytics?period=7d", timeout=WAIT_MS)
     await expect(page.locator("#analytics-scope")).to_have_text("Runs created in the last 7 days", timeout=WAIT_MS)
     await expect(facts).to_contain_text("Runs1", timeout=WAIT_MS)
-    await expect(questions).to_have_text(["Merge it? — 1\N{MULTIPLICATION SIGN}"])
+    await expect(questions).to_have_text(["Merge it? — 1\N{MULTIPLICATION SIGN}asked by reviewer for trigger ado-pr"])
 
     # the address alone (shared) opens the same period; a from-to range works too
     other = await viewer_page(browser_context, served_journal, "#/analytics?period=30d")
@@ -272,7 +272,7 @@ async def test_analytics_has_a_period_in_its_address(
     await other.get_by_role("button", name="Show").click()
     await expect(other.locator("#analytics-scope")).to_contain_text("Runs created from", timeout=WAIT_MS)
     await expect(other.locator("#top-questions li")).to_have_text(
-        ["Ship it? — 1\N{MULTIPLICATION SIGN}"], timeout=WAIT_MS
+        ["Ship it? — 1\N{MULTIPLICATION SIGN}asked by reviewer for trigger ado-pr"], timeout=WAIT_MS
     )
     assert "since=" in other.url
     assert "until=" in other.url

@@ -6,6 +6,7 @@ waits on its condition with a timeout.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -27,7 +28,9 @@ async def test_a_cancelled_run_s_open_question_reads_withdrawn_in_its_timeline(
     )
     page = await viewer_page(browser_context, served_journal, f"#/runs/{s.run_id}")
     steps = page.locator("#timeline > li .step-title")
-    await expect(steps.last).to_have_text("Notified alice on web", timeout=WAIT_MS)
+    # the question's wait, up to now, comes after everything journaled (time order)
+    await expect(steps.nth(-2)).to_have_text("Notified alice on web", timeout=WAIT_MS)
+    await expect(steps.last).to_have_text(re.compile(r"^Waiting \d+ min$"))
     await expect(page.locator("#live")).to_have_attribute("data-live", "on", timeout=WAIT_MS)
     await publish_recorded(served_journal, s.cancelled())  # human-interaction withdraws the question: no human.* event
     await expect(steps).to_have_text(

@@ -290,6 +290,26 @@ async def test_an_existing_durable_is_brought_to_the_types_asked(tmp_path: Path,
             info = await bus.js.consumer_info(EVENTS_STREAM.name, "sub-audit")
             assert info.config.filter_subject == "temporality.events.run.started"
             assert info.config.ack_wait == 45
+            # the banner shows the durable as the server holds it after the update, not as it was
+            assert "subscribed: durable sub-audit on TEMPORALITY_EVENTS, filter temporality.events.run.started," in err
+
+            # from one subject to two families, as the reviewer's subscriber did the other way round
+            families = await start(server.url, *user, "--type", "run.>", "--type", "human.>", "--ack-wait-s", "45")
+            running.append(families)
+            third = _run_events(f"run-{uuid.uuid4().hex[:8]}")
+            for event in third:
+                await bus.publish(event)
+            lines = await families.read(2)
+            assert [line["id"] for line in lines] == [e.id for e in third]
+            err = await families.stop()
+            assert "filter temporality.events.run.started, asked temporality.events.human.>, " in err
+            info = await bus.js.consumer_info(EVENTS_STREAM.name, "sub-audit")
+            held = sorted(info.config.filter_subjects or [])
+            assert held == ["temporality.events.human.>", "temporality.events.run.>"]
+            banner = next(line for line in err.splitlines() if "subscribed: durable sub-audit" in line)
+            assert "temporality.events.run.>" in banner, banner
+            assert "temporality.events.human.>" in banner, banner
+            assert "still differs" not in err
     finally:
         server.stop()
 

@@ -29,7 +29,8 @@ signed-in person with none) a 403.
                                     202, 404 unknown run, 409 already finished
 ``GET /events?type=&run_id=``       recent events, newest first in commit order (``commit_seq``, the
                                     tail's cursor), paged by ``before`` (``type=bus.dead_lettered``: the
-                                    dead-letter view); each with its ``stream_seq`` and ``commit_seq``
+                                    dead-letter view; ``type`` repeats and takes families, ``human.>``);
+                                    each with its ``stream_seq`` and ``commit_seq``
 ``GET /events/stream``              the live tail (SSE), resumable by cursor (``commit_seq``):
                                     :mod:`temporality_journal.tail`; ``audited=true``: only what ``/audit`` lists
 ``GET /triggers``                   UI-2: per trigger id, its deliveries and runs
@@ -44,6 +45,10 @@ signed-in person with none) a 403.
                                     caller's inbox token, which human-interaction checks):
                                     :mod:`temporality_journal.human`
 ==================================  ======================================================
+
+``min_seq=<stream sequence>`` on ``GET /runs/{run_id}``, ``/runs/{run_id}/events`` and ``/events`` first waits
+(bounded) until the journal has recorded the event stream that far: a NATS subscriber reads its own bus
+(:mod:`temporality_journal.catchup`).
 
 Run ids may contain ``/`` (relay runs, ``<target run>/ask/NN``): the run routes take ``{run_id:path}``,
 the sub-routes declared before ``/runs/{run_id}``.
@@ -81,6 +86,7 @@ from temporality_bus import Bus, TransientError
 from temporality_bus.tracing import trace_id_of
 from temporality_journal.access import SessionAuth
 from temporality_journal.audit import AUDIT_KINDS, AuditEntry, actor_matches, audit_entry, audited
+from temporality_journal.catchup import WAIT_S, CatchUp
 from temporality_journal.database import Database
 from temporality_journal.gateway import OPENAPI_SCHEMAS as GATEWAY_SCHEMAS
 from temporality_journal.gateway import gateway_router
@@ -167,17 +173,19 @@ MAX_TRAJECTORY = 10_000
 MAX_TEXT_PARAM = 200
 #: Refuses NUL (no database text holds it) in string query and path parameters.
 NO_NUL = r"^[^\x00]*$"
-#: An event type filter is exact: ``*`` and ``>`` are NATS subject patterns (a subscriber's filter), which ``type=``
-#: would otherwise match nothing with, silently (a 200 with no events).
+#: An exact event type (``GET /audit``'s filter): ``*`` and ``>`` are NATS subject patterns (a subscriber's filter),
+#: which it would otherwise match nothing with, silently (a 200 with no events).
 EXACT_TYPE = r"^[^\x00*>]*$"
-#: The ``type`` filter of /events and /events/stream.
+#: At most this many ``type`` values on /events and /events/stream.
+MAX_TYPES = 50
+#: The ``type`` filter of /events and /events/stream: repeatable, each an exact type or a family (:func:`_type_filter`).
 EventTypeParam = Annotated[
-    str | None,
+    list[str] | None,
     Query(
         alias="type",
-        max_length=MAX_TEXT_PARAM,
-        pattern=EXACT_TYPE,
-        description="Only this event type (exact: no * or >)",
+        description="Only events of these types (repeat it: any of them). Each an exact type (run.completed) or a "
+        "family in NATS wording: human.> is every type below human (human.answered, human.directory.changed ...), "
+        "> alone every type. * (one token) is a 422: write the family with >",
     ),
 ]
 
@@ -517,8 +525,38 @@ class CancelAccepted(BaseModel):
 NO_CREDENTIAL = "this endpoint needs Authorization: Bearer <API token>"
 
 
+#: The 503 of a read with ``min_seq`` (:mod:`temporality_journal.catchup`).
+_BEHIND = (
+    f"journal_behind: with min_seq, the journal had not recorded the stream up to it within {WAIT_S:g} s; the body "
+    "has min_seq and recorded_seq (the highest stream sequence recorded), Retry-After the seconds to wait"
+)
+
+
 def _run_not_found(run_id: str) -> NotFound:
     return NotFound(f"no run {run_id[:200]!r} in the journal", code="run_not_found")
+
+
+async def _caught_up(
+    request: Request,
+    min_seq: Annotated[
+        NonNegativeInt64 | None,
+        Query(
+            description="Read your bus writes: first wait (at most a few seconds) until the journal has recorded the "
+            "event stream up to this JetStream stream sequence (a NATS subscriber's msg.metadata.sequence.stream), "
+            "then answer; 503 journal_behind (Retry-After, recorded_seq) if it has not by then"
+        ),
+    ] = None,
+) -> int | None:
+    """The journal's mark once it reached ``min_seq`` (None without ``min_seq``: no wait); the app's
+    :class:`~temporality_journal.catchup.CatchUp` waits."""
+    if min_seq is None:
+        return None
+    catch_up: CatchUp = request.app.state.catch_up
+    return await catch_up.wait(min_seq)
+
+
+#: ``min_seq`` on a read (declare it after the caller's role, so a refused caller never waits).
+CaughtUp = Annotated[int | None, Depends(_caught_up)]
 
 
 # --------------------------------------------------------------------------- app
@@ -553,6 +591,7 @@ def create_app(
     human: httpx.AsyncClient | None = None,
     access: AccessAudit | None = None,
     signin: SignIn | None = None,
+    catch_up: CatchUp | None = None,
 ) -> FastAPI:
     """The journal API over ``database`` and ``bus`` (already open; the caller owns their lifecycles),
     admitting the role tokens of ``auth``; ``tail`` feeds ``/events/stream`` (default: one that only polls);
@@ -562,7 +601,8 @@ def create_app(
     Every 401/403 of the token check goes to ``access`` (default: one publishing on ``bus``), the audit trail's
     ``api.access_refused`` (:mod:`temporality_service.audit`). With ``signin`` (OIDC or passwords configured),
     people sign in at ``/auth/login`` or ``/auth/password`` and their session cookie is admitted beside the tokens
-    (:mod:`temporality_journal.signin`)."""
+    (:mod:`temporality_journal.signin`). ``catch_up`` serves ``min_seq`` on the run and event reads (default: one over
+    ``database`` woken by ``tail``'s changes: :mod:`temporality_journal.catchup`)."""
     tail = tail or Tail(database)
     app = FastAPI(
         title="Temporality journal",
@@ -594,6 +634,8 @@ def create_app(
     @app.get("/", include_in_schema=False)
     async def home() -> RedirectResponse:
         return RedirectResponse("/console/", status_code=307)
+
+    app.state.catch_up = catch_up or CatchUp(database, tail.changes)  # min_seq (:data:`CaughtUp`)
 
     @app.get("/auth/config", response_model=AuthConfig, description="How to sign in (no sign-in needed).")
     async def sign_in_config() -> AuthConfig:
@@ -703,10 +745,18 @@ def create_app(
 
     # Run ids may contain "/" (relay runs: "<target run>/ask/NN"), hence ``{run_id:path}``; the sub-routes
     # come first, so "/runs/a/ask/01/events" is the trajectory of "a/ask/01", and "/runs/{run_id:path}" last.
-    @app.get("/runs/{run_id:path}/events", response_model=Trajectory, responses={404: {"model": ErrorBody}})
+    @app.get(
+        "/runs/{run_id:path}/events",
+        response_model=Trajectory,
+        responses={404: {"model": ErrorBody}, 503: {"model": ErrorBody, "description": _BEHIND}},
+        description="The run's trajectory in stream order, paged by ``after`` (a stream sequence). ``min_seq``: "
+        "first wait until the journal has recorded the stream that far (a subscriber that saw the run's "
+        "run.completed at that sequence gets it in the trajectory).",
+    )
     async def run_events(
         run_id: Annotated[str, Path(max_length=MAX_TEXT_PARAM, pattern=NO_NUL)],
         who: AsViewer,
+        recorded: CaughtUp,
         after: Annotated[NonNegativeInt64, Query(description="Only events after this stream sequence")] = 0,
         limit: Annotated[int, Query(ge=1, le=MAX_TRAJECTORY)] = MAX_TRAJECTORY,
     ) -> Trajectory:
@@ -811,13 +861,14 @@ def create_app(
     @app.get(
         "/runs/{run_id:path}",
         response_model=RunView,
-        responses={404: {"model": ErrorBody}},
+        responses={404: {"model": ErrorBody}, 503: {"model": ErrorBody, "description": _BEHIND}},
         description="One run. A run the journal knows only from events that make no run row yet (a trigger's "
         "acceptance, a notification, an agent message to a relay run ...) is answered from those events with "
-        "``projected: false`` (state pending); 404 only for an id no journaled event names.",
+        "``projected: false`` (state pending); 404 only for an id no journaled event names. ``min_seq``: first "
+        "wait until the journal has recorded the stream that far.",
     )
     async def get_run(
-        run_id: Annotated[str, Path(max_length=MAX_TEXT_PARAM, pattern=NO_NUL)], who: AsViewer
+        run_id: Annotated[str, Path(max_length=MAX_TEXT_PARAM, pattern=NO_NUL)], who: AsViewer, recorded: CaughtUp
     ) -> RunView:
         async with database.sessions() as session:
             record = await session.get(RunRecord, run_id)
@@ -889,15 +940,19 @@ def create_app(
     @app.get(
         "/events",
         response_model=EventList,
+        responses={503: {"model": ErrorBody, "description": _BEHIND}},
         description="The journaled events, newest first in the journal's commit order (``commit_seq``, the "
         "live tail's cursor), not by stream sequence: an event JetStream redelivered late is where it was "
         "committed. Page with ``before`` = ``next_before``; to follow live from a page, open "
         "``/events/stream`` with ``after`` = the first item's ``commit_seq``. Filters combine with AND. A viewer "
         "gets no event of the audit trail about who may do what (refused access, directory changes, agent "
-        "registrations and policies, NATS permission refusals: operator only, GET /audit): they are left out.",
+        "registrations and policies, NATS permission refusals: operator only, GET /audit): they are left out. "
+        "``type`` repeats (any of them) and takes families (``human.>``). ``min_seq``: first wait until the journal "
+        "has recorded the stream that far.",
     )
     async def list_events(
         who: AsViewer,
+        recorded: CaughtUp,
         type_: EventTypeParam = None,
         run_id: Annotated[str | None, _text("Only this run's events")] = None,
         before: Annotated[
@@ -909,11 +964,12 @@ def create_app(
         ] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 100,
     ) -> EventList:
+        types = _type_filter(type_)
         query = select(EventRecord)
         if not who.may(Role.operator):  # who may do what is the operator's (GET /audit): OPERATOR_ONLY_TYPES
             query = query.where(not_(audited(OPERATOR_ONLY_TYPES)))
-        if type_ is not None:
-            query = query.where(col(EventRecord.type) == type_)
+        if types is not None:
+            query = query.where(types)
         if run_id is not None:
             query = query.where(col(EventRecord.run_id) == run_id)
         if before is not None:
@@ -977,6 +1033,9 @@ def create_app(
             audited_auth.admit(request, request.headers.get("authorization"), Role.operator)
         # a viewer's tail leaves the audit trail's events out (but trigger changes, cancel requests, reruns)
         where = [audited()] if audited_only else [] if operator else [not_(audited(OPERATOR_ONLY_TYPES))]
+        types = _type_filter(type_)
+        if types is not None:
+            where.append(types)
         # a sign-in session is checked again while the stream lasts: signed out or expired, it ends
         still_admitted = signin.session_check(request) if signin is not None else None
 
@@ -986,7 +1045,7 @@ def create_app(
                 async for message in tail.stream(
                     after=resume if resume is not None else after,
                     run_id=run_id,
-                    type_=type_,
+                    type_=None,  # in ``where``: several types and families
                     render=lambda row: EventView.of(row).model_dump(mode="json"),
                     gone=gone,
                     where=where,
@@ -1182,6 +1241,51 @@ async def _last_event_id(
 def _text(description: str) -> Any:
     """A bounded string query parameter without NUL."""
     return Query(description=description, max_length=MAX_TEXT_PARAM, pattern=NO_NUL)
+
+
+def _type_filter(types: Sequence[str] | None) -> ColumnElement[bool] | None:
+    """The condition of ``type=`` on /events and /events/stream (None: every type): any of ``types``, each an exact
+    event type or a family in NATS wording -- ``human.>`` every type below ``human`` (one token or more, as a NATS
+    filter ``temporality.events.human.>``), ``>`` alone every type. 422 for ``*`` (a NATS one-token wildcard: an
+    event type has one or more tokens below its family, so ``human.*`` would miss ``human.directory.changed``), a
+    ``>`` anywhere but as the last token, an empty token in a family, NUL, a value over 200 characters or more than
+    :data:`MAX_TYPES` of them."""
+    if not types:
+        return None
+    if len(types) > MAX_TYPES:
+        raise Unprocessable(f"query.type: at most {MAX_TYPES} types or families, {len(types)} given")
+    exact: list[str] = []
+    families: list[str] = []
+    for value in types:
+        shown = repr(value[:64]) + ("…" if len(value) > 64 else "")
+        if len(value) > MAX_TEXT_PARAM or "\x00" in value:
+            raise Unprocessable(f"query.type: {shown} is too long or holds NUL (at most {MAX_TEXT_PARAM} characters)")
+        if value == ">":
+            return None  # every type, as the NATS filter temporality.events.>
+        if "*" in value:
+            raise Unprocessable(
+                f"query.type: {shown}: * is not supported (on NATS it matches one token only, so human.* misses "
+                "human.directory.changed); write the family as human.> (every type below human), or list the types"
+            )
+        if value.endswith(".>"):
+            family = value[:-2]
+            if ">" in family or not family or any(not token for token in family.split(".")):
+                raise Unprocessable(
+                    f"query.type: {shown} is no family: write it as <token>[.<token>...].>, e.g. human.>"
+                )
+            families.append(family)
+        elif ">" in value:
+            raise Unprocessable(f"query.type: {shown}: > is a family's last token only, as in human.>")
+        else:
+            exact.append(value)
+    column = col(EventRecord.type)
+    conditions: list[ColumnElement[bool]] = []
+    if len(exact) == 1:
+        conditions.append(column == exact[0])  # one exact type: the query it always was
+    elif exact:
+        conditions.append(column.in_(sorted(set(exact))))
+    conditions += [column.startswith(f"{family}.", autoescape=True) for family in sorted(set(families))]
+    return conditions[0] if len(conditions) == 1 else or_(*conditions)
 
 
 def _audit_conditions(

@@ -62,7 +62,7 @@ from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
-from temporality_journal.models import RunSnapshot, as_utc, constructed, same, updated
+from temporality_journal.models import RunSnapshot, as_utc, constructed, updated
 from temporality_protocol import (
     RUN,
     AgentAnswerReceived,
@@ -89,7 +89,7 @@ from temporality_protocol import (
 )
 from temporality_protocol.agent_tasks import task_id_for, turn_wait_id
 
-__all__ = ["PROJECTED_TYPES", "project", "project_onto", "run_id_of"]
+__all__ = ["PROJECTED_TYPES", "project", "project_onto", "run_id_of", "update_onto"]
 
 #: The data models of the event types that move runs.
 _PROJECTED_MODELS: tuple[type[EventData], ...] = (
@@ -161,37 +161,54 @@ def project(current: RunSnapshot | None, event: Envelope, stream_seq: int) -> Ru
 
 def project_onto(current: RunSnapshot | None, event: Envelope, stream_seq: int, run_id: str) -> RunSnapshot | None:
     """:func:`project` for an event the caller knows to be of a projected type (:data:`PROJECTED_TYPES`) and of
-    run ``run_id`` (:func:`run_id_of`), ``current`` that run's row or ``None``: the recorder's batch, which
-    checked both once per event already. The run after ``event``, or ``None`` when it changes nothing."""
-    data = _payload(event)
-    fact = _Fact(run_id, as_utc(event.time), stream_seq)
-    base = current if current is not None else _blank(fact)
-    after = _apply(base, data, fact)
-    if after is None or (current is not None and same(after, current)):
+    run ``run_id`` (:func:`run_id_of`), ``current`` that run's row or ``None``. The run after ``event``, or ``None``
+    when it changes nothing."""
+    found = update_onto(current, event, stream_seq, run_id)
+    if found is None:
         return None
-    return after
+    run, update = found
+    if current is not None and not _changes(current, update):
+        return None
+    return updated(run, update) if update else run
 
 
-def _payload(event: Envelope) -> EventData:
-    """``event.payload()`` for a projected type: its data model's validator called directly (pydantic's
-    ``model_validate`` wrapper and the payload's catalogue look-up cost ~0.5 us per event), the same
-    :class:`~temporality_protocol.InvalidEnvelope` on invalid data."""
-    model = _MODELS[event.type]
+def update_onto(
+    current: RunSnapshot | None, event: Envelope, stream_seq: int, run_id: str
+) -> tuple[RunSnapshot, dict[str, Any]] | None:
+    """What ``event`` does to its run (the caller checked its type and run, as for :func:`project_onto`): the row
+    it applies to -- ``current``, or a new run's blank row when ``current`` is ``None`` -- and the fields it sets
+    there (some perhaps to the value they have), for the caller to apply: :func:`~temporality_journal.models.updated`,
+    or in place on a row of its own (the recorder's batch copies a run once per batch, not once per event).
+    ``None`` when the event leaves the run as it is. Raises :class:`temporality_protocol.InvalidEnvelope` on
+    invalid ``data``."""
+    validate, case = _STEPS[event.type]
     try:
-        return model.__pydantic_validator__.validate_python(event.data)  # type: ignore[no-any-return]
+        data = validate(event.data)
     except ValidationError as exc:
         raise InvalidEnvelope(f"event {event.id} ({event.type}) has invalid data: {exc}") from exc
+    fact = _Fact(run_id, as_utc(event.time), stream_seq)
+    base = current if current is not None else _blank(fact)
+    # the case builds one update (a new dict, which the helpers below add to) and copies nothing: the values come
+    # from validated event data, so nothing is validated again
+    update = case(base, data, fact)
+    return None if update is None else (base, update)
 
 
-def _apply(run: RunSnapshot, data: EventData, fact: _Fact) -> RunSnapshot | None:
-    # Each case builds one update and copies the run once (:func:`_touch`): the values come from
-    # validated event data, so nothing is validated again. Dispatched on the exact data model (what
-    # ``Envelope.payload`` returns): a ``match`` of class patterns paid an ABC ``isinstance`` per case.
-    case = _CASES.get(type(data))
-    return None if case is None else case(run, data, fact)
+def _changes(run: RunSnapshot, update: dict[str, Any]) -> bool:
+    """Whether ``update`` sets a field of ``run`` to another value (what :func:`~temporality_journal.models.same`
+    of the copy and ``run`` would tell, without making the copy). A name that is not a field is a bug:
+    :class:`ValueError`."""
+    if not update.keys() <= _FIELDS:
+        raise ValueError(f"RunSnapshot has no field {sorted(update.keys() - _FIELDS)}")
+    values = run.__dict__
+    for name, value in update.items():
+        old = values[name]
+        if old is not value and old != value:
+            return True
+    return False
 
 
-def _requested(run: RunSnapshot, data: RunRequested | RunCreated, fact: _Fact) -> RunSnapshot | None:
+def _requested(run: RunSnapshot, data: RunRequested | RunCreated, fact: _Fact) -> dict[str, Any] | None:
     fill = _blanks(
         run,
         agent=data.agent,
@@ -206,12 +223,12 @@ def _requested(run: RunSnapshot, data: RunRequested | RunCreated, fact: _Fact) -
     return _touch(run, fact, fill)
 
 
-def _started(run: RunSnapshot, data: RunStarted, fact: _Fact) -> RunSnapshot | None:
+def _started(run: RunSnapshot, data: RunStarted, fact: _Fact) -> dict[str, Any] | None:
     fill = _blanks(run, agent=data.agent, title=data.title, started_at=fact.time)
     return _move(run, fact, RunState.RUNNING, fill)
 
 
-def _human_requested(run: RunSnapshot, data: HumanRequested, fact: _Fact) -> RunSnapshot | None:
+def _human_requested(run: RunSnapshot, data: HumanRequested, fact: _Fact) -> dict[str, Any] | None:
     if _also_asked(run, data.request_id, fact):
         return _touch(
             run,
@@ -236,19 +253,19 @@ def _human_requested(run: RunSnapshot, data: HumanRequested, fact: _Fact) -> Run
     )
 
 
-def _human_notified(run: RunSnapshot, data: HumanNotified, fact: _Fact) -> RunSnapshot | None:
+def _human_notified(run: RunSnapshot, data: HumanNotified, fact: _Fact) -> dict[str, Any] | None:
     if not _waits_on(run, data.request_id) or (run.waiting_channel is not None and _stale(run, fact)):
         return None
     return _touch(run, fact, {"waiting_channel": data.channel})
 
 
-def _human_done(run: RunSnapshot, data: HumanAnswered | HumanExpired, fact: _Fact) -> RunSnapshot | None:
+def _human_done(run: RunSnapshot, data: HumanAnswered | HumanExpired, fact: _Fact) -> dict[str, Any] | None:
     if not _waits_on(run, data.request_id):
         return None
     return _move(run, fact, RunState.RESUMING, {})
 
 
-def _agent_asked(run: RunSnapshot, data: AgentAsked, fact: _Fact) -> RunSnapshot | None:
+def _agent_asked(run: RunSnapshot, data: AgentAsked, fact: _Fact) -> dict[str, Any] | None:
     if data.mode != "wait":
         return None
     return _move(
@@ -266,14 +283,14 @@ def _agent_asked(run: RunSnapshot, data: AgentAsked, fact: _Fact) -> RunSnapshot
 
 def _agent_done(
     run: RunSnapshot, data: AgentAnswerReceived | AgentAskExpired | AgentAskUndeliverable, fact: _Fact
-) -> RunSnapshot | None:
+) -> dict[str, Any] | None:
     late = isinstance(data, AgentAnswerReceived) and (data.late or data.mode != "wait")
     if late or not _waits_on(run, data.request_id, RunState.WAITING_FOR_AGENT):
         return None
     return _move(run, fact, RunState.RESUMING, {})
 
 
-def _task_offered(run: RunSnapshot, data: AgentTaskOffered, fact: _Fact) -> RunSnapshot | None:
+def _task_offered(run: RunSnapshot, data: AgentTaskOffered, fact: _Fact) -> dict[str, Any] | None:
     return _move(
         run,
         fact,
@@ -287,13 +304,13 @@ def _task_offered(run: RunSnapshot, data: AgentTaskOffered, fact: _Fact) -> RunS
     )
 
 
-def _task_acted(run: RunSnapshot, data: AgentTaskActed, fact: _Fact) -> RunSnapshot | None:
+def _task_acted(run: RunSnapshot, data: AgentTaskActed, fact: _Fact) -> dict[str, Any] | None:
     if not _waits_on(run, turn_wait_id(data.task_id, data.turn), RunState.WAITING_FOR_AGENT):
         return None
     return _move(run, fact, RunState.RESUMING, {})
 
 
-def _resumed(run: RunSnapshot, data: RunResumed, fact: _Fact) -> RunSnapshot | None:
+def _resumed(run: RunSnapshot, data: RunResumed, fact: _Fact) -> dict[str, Any] | None:
     if data.reason == "recovery" and _waits_on_own_agent(run):
         return _touch(run, fact, {})  # AP-8: the agent took the task again; the run still waits on its action
     return _move(run, fact, RunState.RUNNING, {})
@@ -309,20 +326,20 @@ def _waits_on_own_agent(run: RunSnapshot) -> bool:
     )
 
 
-def _completed(run: RunSnapshot, data: RunCompleted, fact: _Fact) -> RunSnapshot | None:
+def _completed(run: RunSnapshot, data: RunCompleted, fact: _Fact) -> dict[str, Any] | None:
     return _finish(run, fact, RunState.COMPLETED, result=data.result)
 
 
-def _failed(run: RunSnapshot, data: RunFailed, fact: _Fact) -> RunSnapshot | None:
+def _failed(run: RunSnapshot, data: RunFailed, fact: _Fact) -> dict[str, Any] | None:
     return _finish(run, fact, RunState.FAILED, error=f"{data.reason}: {data.error}")
 
 
-def _cancelled(run: RunSnapshot, data: RunCancelled, fact: _Fact) -> RunSnapshot | None:
+def _cancelled(run: RunSnapshot, data: RunCancelled, fact: _Fact) -> dict[str, Any] | None:
     return _finish(run, fact, RunState.CANCELLED, error=data.reason)
 
 
 #: What each projected data model does to a run (exactly the models of :data:`PROJECTED_TYPES`).
-_CASES: dict[type[EventData], Callable[[RunSnapshot, Any, _Fact], RunSnapshot | None]] = {
+_CASES: dict[type[EventData], Callable[[RunSnapshot, Any, _Fact], dict[str, Any] | None]] = {
     RunRequested: _requested,
     RunCreated: _requested,
     RunStarted: _started,
@@ -343,8 +360,15 @@ _CASES: dict[type[EventData], Callable[[RunSnapshot, Any, _Fact], RunSnapshot | 
 }
 
 
+#: Each projected type's steps: its data model's validator (called directly: pydantic's ``model_validate`` wrapper and
+#: ``Envelope.payload``'s catalogue look-up cost ~0.5 us per event; the same model, the same errors) and what its
+#: data does to a run (dispatched on the type: a ``match`` of class patterns paid an ABC ``isinstance`` per case).
+_STEPS: dict[str, tuple[Callable[[Any], Any], Callable[[RunSnapshot, Any, _Fact], dict[str, Any] | None]]] = {
+    event_type: (model.__pydantic_validator__.validate_python, _CASES[model]) for event_type, model in _MODELS.items()
+}
 #: A new run's fields before its first event: every field ``None`` but those :func:`_blank` sets.
 _BLANK: dict[str, Any] = dict.fromkeys(RunSnapshot.model_fields)
+_FIELDS = frozenset(_BLANK)
 
 
 def _blank(fact: _Fact) -> RunSnapshot:
@@ -380,42 +404,42 @@ def _waits_on(run: RunSnapshot, request_id: str, state: RunState = RunState.WAIT
 
 
 def _blanks(run: RunSnapshot, **values: Any) -> dict[str, Any]:
-    """The ``values`` for the fields that are still blank."""
-    return {k: v for k, v in values.items() if v is not None and getattr(run, k) is None}
+    """The ``values`` for the fields that are still blank (a new dict)."""
+    current = run.__dict__
+    return {k: v for k, v in values.items() if v is not None and current[k] is None}
 
 
-def _touch(run: RunSnapshot, fact: _Fact, update: dict[str, Any]) -> RunSnapshot:
-    """``run`` with ``update``, noting that ``fact`` was applied (``updated_at``, ``last_event_seq``)
-    unless the run is terminal (terminal runs only take ``update``, blank fields filled)."""
+def _touch(run: RunSnapshot, fact: _Fact, update: dict[str, Any]) -> dict[str, Any]:
+    """``update`` (a dict of the caller's own, added to), noting that ``fact`` was applied (``updated_at``,
+    ``last_event_seq``) unless the run is terminal (terminal runs only take ``update``, blank fields filled)."""
     if update.get("state", run.state) not in _TERMINAL:
-        last = fact.seq if run.last_event_seq is None else max(run.last_event_seq, fact.seq)
-        update = {**update, "updated_at": max(run.updated_at, fact.time), "last_event_seq": last}
-    return updated(run, update) if update else run
+        last = run.last_event_seq
+        update["updated_at"] = max(run.updated_at, fact.time)
+        update["last_event_seq"] = fact.seq if last is None else max(last, fact.seq)
+    return update
 
 
-def _move(run: RunSnapshot, fact: _Fact, state: RunState, fill: dict[str, Any], **fields: Any) -> RunSnapshot:
-    """``state`` (with ``fields``) unless the run is terminal or ``fact`` is stale; ``fill`` either way."""
+def _move(run: RunSnapshot, fact: _Fact, state: RunState, fill: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    """``state`` (with ``fields``) unless the run is terminal or ``fact`` is stale; ``fill`` either way (a dict of
+    the caller's own, added to)."""
     if run.state in _TERMINAL or _stale(run, fact):
         return _touch(run, fact, fill)
-    update: dict[str, Any] = {**fill, "state": state}
+    fill["state"] = state
     if state not in _WAITING_STATES:
-        update.update(_WAITING_CLEARED)
-    update.update(fields)
-    return _touch(run, fact, update)
+        fill.update(_WAITING_CLEARED)
+    fill.update(fields)
+    return _touch(run, fact, fill)
 
 
-def _finish(run: RunSnapshot, fact: _Fact, state: RunState, **fields: Any) -> RunSnapshot | None:
+def _finish(run: RunSnapshot, fact: _Fact, state: RunState, **fields: Any) -> dict[str, Any] | None:
     if run.state in _TERMINAL:
         return None
     last = fact.seq if run.last_event_seq is None else max(run.last_event_seq, fact.seq)
-    return updated(
-        run,
-        {
-            "updated_at": max(run.updated_at, fact.time),
-            "last_event_seq": last,
-            "state": state,
-            "finished_at": fact.time,
-            **_WAITING_CLEARED,
-            **fields,
-        },
-    )
+    return {
+        "updated_at": max(run.updated_at, fact.time),
+        "last_event_seq": last,
+        "state": state,
+        "finished_at": fact.time,
+        **_WAITING_CLEARED,
+        **fields,
+    }

@@ -46,6 +46,7 @@ function show(...nodes) {
 // which are a polite status (role=status): announced, not alarming.
 function message(text, kind = "error") {
   const box = $("message");
+  delete box.dataset.transient;
   if (!text) {
     box.hidden = true;
     box.textContent = "";
@@ -59,10 +60,42 @@ function message(text, kind = "error") {
   box.hidden = false;
 }
 
+// An instant in this browser's time, its zone named ("7 Dec 2026, 16:38:52 CET"; "GMT+1" where the locale has no
+// abbreviation): a page shared across zones, or read beside a chat message in UTC, says which time it means.
 function when(iso) {
   if (!iso) return "—";
   const d = new Date(iso);
-  return d.toLocaleString(undefined, { dateStyle: "medium", timeStyle: "medium" });
+  if (Number.isNaN(d.getTime())) return String(iso);
+  return d.toLocaleString(undefined, { dateStyle: "medium", timeStyle: "long" });
+}
+
+// The since / until of an address, written with their offset ("2026-12-07T15:41+01:00"): a shared link means the
+// same instants in every zone. ``local`` is a datetime-local field's value (this browser's time).
+const pad2 = (n) => String(n).padStart(2, "0");
+export function withOffset(local) {
+  const d = new Date(local);
+  if (!local || Number.isNaN(d.getTime())) return local;
+  const minutes = -d.getTimezoneOffset();
+  const abs = Math.abs(minutes);
+  return `${local}${minutes === 0 ? "Z" : `${minutes > 0 ? "+" : "-"}${pad2(Math.floor(abs / 60))}:${pad2(abs % 60)}`}`;
+}
+
+// An address's since / until as a datetime-local field shows it (this browser's time); an older link's value
+// without a zone was typed in local time and is shown as it is (and read so, as before).
+// An address's since / until as written: a "+01:00" typed into a link by hand arrives as " 01:00" (a "+" in a
+// query is a space), read as the offset it was.
+export const instantParam = (value) => (value ? String(value).replace(/ (\d\d:?\d\d)$/, "+$1") : value);
+
+// A filter's value for the address: since / until with their offset (withOffset), the others as they are.
+const zoned = (key, value) => (key === "since" || key === "until" ? withOffset(value) : value);
+
+export function localField(raw) {
+  const value = instantParam(raw);
+  if (!value) return "";
+  if (!/(Z|[+-]\d\d:?\d\d)$/i.test(value)) return value;
+  const d = new Date(value);
+  if (Number.isNaN(d.getTime())) return "";
+  return `${d.getFullYear()}-${pad2(d.getMonth() + 1)}-${pad2(d.getDate())}T${pad2(d.getHours())}:${pad2(d.getMinutes())}`;
 }
 
 export function duration(seconds) {
@@ -206,15 +239,40 @@ function facts(pairs) {
   return dl;
 }
 
+// An id or an event type ("git.pullrequest.created", "dlv-0f3a…"): may break after a dot, a dash, an underscore,
+// a slash, a colon or a comma (a <wbr>), never inside a word; its text is unchanged (td.ids keeps its words whole).
+function idText(value) {
+  const text = String(value ?? "");
+  return text.split(/(?<=[.\-_/:,])/).flatMap((part, i) => (i ? [h("wbr"), part] : [part]));
+}
+
 // ------------------------------------------------------------------ the API
 class ApiError extends Error {
-  constructor(status, body) {
+  constructor(status, body, path = null) {
     super(body?.detail || `HTTP ${status}`);
     this.status = status;
     this.code = body?.error || "http_error";
     this.body = body;
+    this.path = path; // the call's path: a proxied service's answer (/gateway/...) is not the journal's
   }
 }
+
+// No answer from the journal: within API_TIMEOUT_MS (``silent``: it is up but stuck, or the network holds the
+// request), or no connection at all (``silent`` false: it is down or restarting, the network is gone).
+const API_TIMEOUT_MS = 15_000;
+class NoAnswer extends Error {
+  constructor(path, method, silent) {
+    super(silent ? `no answer within ${API_TIMEOUT_MS / 1000} s` : "no connection");
+    this.name = "NoAnswer";
+    this.path = path;
+    this.method = method;
+    this.silent = silent;
+  }
+}
+
+// The services the journal forwards to (their 401 is theirs, not the journal's: it signs nobody out)
+const PROXIED = [["/gateway/", "the trigger-gateway"]];
+const proxiedBy = (path) => PROXIED.find(([prefix]) => String(path ?? "").startsWith(prefix))?.[1] ?? null;
 
 function token() {
   return sessionStorage.getItem(TOKEN_KEY);
@@ -226,23 +284,48 @@ function bearer(credential) {
 }
 
 // The parsed JSON body and the ETag (for a later If-Match) of one API call; throws ApiError for a non-2xx.
+// Every call gives up after API_TIMEOUT_MS (a stuck journal: NoAnswer, silent) -- a setTimeout, not
+// AbortSignal.timeout, so that a test's clock (Playwright's page.clock) moves it; the view's ``signal`` aborts it too.
 async function apiWithEtag(path, { method = "GET", body, signal, tokenOverride, ifMatch } = {}) {
   const headers = bearer(tokenOverride ?? token());
   if (body !== undefined) headers["Content-Type"] = "application/json";
   if (ifMatch) headers["If-Match"] = ifMatch;
-  const response = await fetch(path, {
-    method,
-    headers,
-    signal,
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
+  const call = new AbortController();
+  let silent = false;
+  const timer = setTimeout(() => {
+    silent = true;
+    call.abort();
+  }, API_TIMEOUT_MS);
+  const abort = () => call.abort(signal.reason);
+  if (signal?.aborted) abort();
+  signal?.addEventListener("abort", abort);
+  let response;
   let parsed = null;
   try {
-    parsed = await response.json();
-  } catch {
-    parsed = null;
+    try {
+      response = await fetch(path, {
+        method,
+        headers,
+        signal: call.signal,
+        body: body === undefined ? undefined : JSON.stringify(body),
+      });
+    } catch (error) {
+      if (silent) throw new NoAnswer(path, method, true);
+      if (signal?.aborted || error?.name === "AbortError") throw error;
+      throw new NoAnswer(path, method, false);
+    }
+    try {
+      parsed = await response.json();
+    } catch {
+      if (silent) throw new NoAnswer(path, method, true); // the body stopped coming
+      parsed = null;
+    }
+  } finally {
+    clearTimeout(timer);
+    signal?.removeEventListener("abort", abort);
   }
-  if (!response.ok) throw new ApiError(response.status, parsed);
+  journalAnswered();
+  if (!response.ok) throw new ApiError(response.status, parsed, path);
   return { data: parsed, etag: response.headers.get("ETag") };
 }
 
@@ -250,12 +333,19 @@ async function api(path, options = {}) {
   return (await apiWithEtag(path, options)).data;
 }
 
-// A 401 signs out: a person's session that ended (signed out in another tab, expired, changed in the directory)
-// says "sign in again" and comes back to this page after the sign-in; a token that is not valid says so.
-// A 403 explains the role; anything else is shown as is.
-function failed(error) {
+// A 401 of the journal signs out: a person's session that ended (signed out in another tab, expired, changed in
+// the directory) says "sign in again" and comes back to this page after the sign-in; a token that is not valid
+// says so. A 401 of a service the journal forwards to (the trigger-gateway behind /gateway/, which may not have
+// loaded a new token yet) signs nobody out: /whoami tells whether the journal still takes the sign-in, and the
+// refusal is said in ``where`` (the section that asked) or on the message line. A 403 explains the role; no
+// answer says so in words (and asks /readyz); anything else is shown as is.
+function failed(error, where = null) {
   if (error?.name === "AbortError") return;
-  if (error instanceof ApiError && error.status === 401 && (signedInPerson() || error.code === "session_ended")) {
+  if (error instanceof ApiError && error.status === 401 && proxiedBy(error.path)) {
+    proxiedRefused(error, where);
+  } else if (error instanceof NoAnswer) {
+    noAnswer(error);
+  } else if (error instanceof ApiError && error.status === 401 && (signedInPerson() || error.code === "session_ended")) {
     signOut(SESSION_ENDED, { stay: true });
   } else if (error instanceof ApiError && error.status === 401) {
     signOut(`Not signed in: ${error.message} (401). Sign in with a valid API token.`);
@@ -264,8 +354,57 @@ function failed(error) {
   } else if (error instanceof ApiError) {
     message(`${error.message} (${error.status} ${error.code}).`);
   } else {
-    message(`The journal did not answer: ${error?.message || error}.`);
+    message(`Something went wrong in this page: ${error?.message || error}.`);
   }
+}
+
+// A proxied service's 401: the journal asked whether it still takes this sign-in (it does: said where it
+// happened, nobody signed out; it does not: its own 401 signs out as usual).
+async function proxiedRefused(error, where) {
+  try {
+    await api("/whoami");
+  } catch (journal) {
+    if (journal instanceof ApiError && journal.status === 401) return failed(journal);
+    // the journal not answering now: the refusal is still the service's
+  }
+  const what = signedInPerson() ? "your sign-in" : "this token";
+  const text = `${proxiedBy(error.path).replace(/^./, (c) => c.toUpperCase())} does not accept ${what} (yet): ` +
+    `${error.message} (401). You are still signed in to the journal; a token added recently reaches the ` +
+    "trigger-gateway with its next restart or rollout. Try again later.";
+  if (where) sectionProblem(where, text);
+  else message(text);
+}
+
+// A section's own problem line (a proxied service refused, or did not answer), above what it shows; gone at its
+// next good read (sectionProblem(where, null)).
+function sectionProblem(where, text) {
+  let line = where.querySelector(":scope > .section-problem");
+  if (!text) return line?.remove();
+  if (!line) {
+    line = h("p", { class: "section-problem bad", role: "alert" });
+    where.prepend(line);
+  }
+  line.textContent = text;
+}
+
+// The journal did not answer: said for people, with what it means for the page or the action; a read's message
+// goes by itself at the next call the journal answers (journalAnswered). /readyz is asked at once (the banner).
+function noAnswer(error) {
+  const action = error.method && error.method !== "GET";
+  const why = error.silent
+    ? `The journal did not answer within ${API_TIMEOUT_MS / 1000} s (it may be overloaded or stuck)`
+    : "The journal cannot be reached (it may be restarting, or the network is down)";
+  message(action
+    ? `${why}: it is not known whether this was done. Look again once the journal answers (the page says when).`
+    : `${why}: what you see may be out of date. The page reads it again by itself once the journal is back.`);
+  if (!action) $("message").dataset.transient = "no-answer";
+  checkJournal();
+}
+
+// A call the journal answered: a message that said it did not answer (a read's) is out of date now.
+function journalAnswered() {
+  const box = $("message");
+  if (box.dataset.transient === "no-answer" && !box.hidden) message(null);
 }
 
 // ------------------------------------------------------------------ live tail (SSE over fetch)
@@ -300,8 +439,21 @@ let reopenTail = null;
 // The tail of the current view: onEvent for each event; onOpen each time the stream is (re)opened, after
 // its start position is fixed -- a list view re-reads then, so nothing committed between its first read and
 // the tail's start (or while it was away) is missed.
+// The journal sends an idle stream ": ping" every 15 s (tail.py's KEEPALIVE_S): a stream silent for longer than
+// TAIL_SILENT_MS -- more than two pings missed -- is not live (a stuck journal, a network holding the connection):
+// it is dropped and opened again, and /readyz is asked (which says so in the banner when it does not answer).
+const TAIL_SILENT_MS = 40_000;
+const TAIL_WATCH_MS = 5_000;
+
 async function tail(params, onEvent, signal, onOpen = null) {
   let lastId = null;
+  let heard = Date.now(); // the stream's last word (an event, a ping), or when it was (re)opened
+  const watchdog = setInterval(() => {
+    if (Date.now() - heard <= TAIL_SILENT_MS) return;
+    heard = Date.now();
+    stream?.abort();
+  }, TAIL_WATCH_MS);
+  signal.addEventListener("abort", () => clearInterval(watchdog));
   let reopened = []; // resolvers of reopenTail() calls waiting for the stream to open again
   let stream = null; // this connection's AbortController (the view's signal aborts it too)
   let now = false; // reopen without the back-off pause (asked, not failed)
@@ -322,6 +474,7 @@ async function tail(params, onEvent, signal, onOpen = null) {
     stream = new AbortController();
     const abort = () => stream.abort();
     signal.addEventListener("abort", abort);
+    heard = Date.now();
     try {
       const headers = bearer(token());
       if (lastId !== null) headers["Last-Event-ID"] = lastId;
@@ -341,6 +494,7 @@ async function tail(params, onEvent, signal, onOpen = null) {
       for (;;) {
         const { value, done } = await reader.read();
         if (done) break;
+        heard = Date.now();
         buffer += value.replaceAll("\r\n", "\n");
         let end;
         while ((end = buffer.indexOf("\n\n")) >= 0) {
@@ -389,13 +543,21 @@ async function tail(params, onEvent, signal, onOpen = null) {
 const JOURNAL_CHECK_MS = 10_000;
 let journalTrouble = null; // {since, text} while the journal says it is not ready
 let journalChecking = null; // the check under way (one at a time)
+let viewFailed = false; // the current view's first read got no answer: opened again when the journal is back
 
 function hhmm(date) {
-  return date.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+  return date.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", timeZoneName: "short" });
 }
 
-function troubleText(body, since) {
+const READYZ_TIMEOUT_MS = 5_000;
+
+function troubleText(body, since, silent = null) {
   const stale = "what you see may be out of date, and actions may fail until it is back.";
+  if (silent !== null) {
+    return silent
+      ? `The journal does not answer since ${hhmm(since)} (it may be overloaded or stuck): ${stale}`
+      : `The journal cannot be reached since ${hhmm(since)} (it may be restarting, or the network is down): ${stale}`;
+  }
   if (body?.nats === "disconnected") {
     return `The journal has lost its connection to the message bus since ${hhmm(since)}: ${stale}`;
   }
@@ -412,7 +574,7 @@ function renderTrouble() {
   }
   const text = $("journal-state-text");
   if (text.textContent !== journalTrouble.text) text.textContent = journalTrouble.text; // unchanged: not announced again
-  banner.dataset.state = journalTrouble.bus ? "bus-lost" : "not-ready";
+  banner.dataset.state = journalTrouble.noAnswer ? "no-answer" : journalTrouble.bus ? "bus-lost" : "not-ready";
   banner.hidden = false;
 }
 
@@ -420,16 +582,31 @@ function checkJournal() {
   journalChecking ??= (async () => {
     let response;
     let body = null;
+    const call = new AbortController();
+    let silent = false;
+    const timer = setTimeout(() => {
+      silent = true;
+      call.abort();
+    }, READYZ_TIMEOUT_MS);
     try {
-      response = await fetch("/readyz", { cache: "no-store", headers: { Accept: "application/json" } });
+      response = await fetch("/readyz", { cache: "no-store", headers: { Accept: "application/json" }, signal: call.signal });
       body = await response.json().catch(() => null);
     } catch {
-      return; // the journal does not answer at all: the live badge says "connecting…" meanwhile
+      // no answer within READYZ_TIMEOUT_MS (stuck), or no connection (down, restarting): the banner says which
+      const since = journalTrouble?.since ?? new Date();
+      journalTrouble = { since, noAnswer: true, text: troubleText(null, since, silent) };
+      renderTrouble();
+      renderLive();
+      return;
+    } finally {
+      clearTimeout(timer);
     }
     if (response.ok) {
       if (!journalTrouble || journalTrouble.recovering) return;
       journalTrouble.recovering = true;
-      // back: the view re-reads what it shows (its tail reopens; a view without one re-renders), then the banner goes
+      // back: the view re-reads what it shows (its tail reopens; a view whose first read got no answer is opened
+      // again), then the banner goes
+      if (viewFailed) route();
       const caughtUp = reopenTail ? reopenTail() : Promise.resolve();
       await Promise.race([caughtUp, new Promise((resolve) => setTimeout(resolve, 10_000))]);
       journalTrouble = null;
@@ -610,6 +787,8 @@ async function directoryForm() {
         method: "POST",
         headers: { ...CONSOLE_HEADER, "Content-Type": "application/json" },
         body: JSON.stringify({ user: user.value.trim(), password: password.value }),
+      }).catch((error) => {
+        throw Object.assign(error, { signInUnreachable: true }); // no connection (a refusal is an answer)
       });
       const body = await response.json().catch(() => null);
       if (!response.ok) {
@@ -630,7 +809,9 @@ async function directoryForm() {
         ? location.hash : null;
       go(me?.role ? back ?? body.next : "#/inbox");
     } catch (error) {
-      failed(error);
+      if (error?.signInUnreachable) {
+        message("Not signed in: the journal cannot be reached (it may be restarting, or the network is down). Try again.");
+      } else failed(error);
     } finally {
       submit.disabled = false;
     }
@@ -709,8 +890,8 @@ const mayAdmin = () => me && ROLES[me.role] >= ROLES.admin;
 // ------------------------------------------------------------------ runs list
 function runsView(signal, query) {
   const params = new URLSearchParams(query);
-  const field = (name, label, attrs = {}) =>
-    h("label", {}, label, h("input", { name, value: params.get(name) ?? "", ...attrs }));
+  const field = (name, label, attrs = {}) => h("label", {}, label, h("input", { name, ...attrs,
+    value: attrs.type === "datetime-local" ? localField(params.get(name)) : params.get(name) ?? "" }));
   const state = h(
     "select",
     { name: "state" },
@@ -731,7 +912,7 @@ function runsView(signal, query) {
   form.addEventListener("submit", (event) => {
     event.preventDefault();
     const next = new URLSearchParams();
-    for (const [key, value] of new FormData(form)) if (value) next.set(key, value);
+    for (const [key, value] of new FormData(form)) if (value) next.set(key, zoned(key, value));
     location.hash = `#/runs${next.size ? `?${next}` : ""}`;
   });
   const body = h("tbody");
@@ -759,8 +940,14 @@ function runsView(signal, query) {
   tail({}, (event) => (event.run_id ? refresh() : null), signal, refresh);
 }
 
+// A table's one row while it loads, and once its first read failed (the message line says why).
+const loadingRow = (columns) => h("tr", { class: "loading" }, h("td", { colspan: columns, class: "empty", "aria-busy": "true" },
+  "Loading…"));
+const notLoadedRow = (columns) => h("tr", { class: "not-loaded" }, h("td", { colspan: columns, class: "empty" },
+  "Not loaded (see above why)."));
+
 // A list page's rows from a paged API (`next_before` cursors; the gateway's `next_cursor` with `cursorParam` /
-// `nextCursor`): the page's filters from the address (`filters` as they are; `since` / `until`, typed in local
+// `nextCursor`): the page's filters from the address (`filters` as they are; `since` / `until`, with their offset or (older links) in local
 // time, as ISO instants), `pageSize` rows at a time, "Older" (`more`) for the next page. Loads the first page;
 // returns load(reset) for a refresh. With `key` (an item's id), load.newer() reads the first page again and puts
 // the items not shown yet on top (a live list that keeps its older pages), resolving to them. With `key` and
@@ -769,11 +956,11 @@ function runsView(signal, query) {
 // `prepare(items)` sees every item loaded before their rows are made (a row may depend on the others).
 function pagedList({ path, filters = [], params = new URLSearchParams(), signal, body, more, items, row, columns,
   empty, key = null, position = null, cursorParam = "before", nextCursor = (data) => data.next_before,
-  pageSize = 50, maxLimit = 1000, prepare = null, onError = failed }) {
+  pageSize = 50, maxLimit = 1000, prepare = null, onError = failed, onLoaded = null }) {
   const apiParams = new URLSearchParams();
   for (const name of filters) if (params.get(name)) apiParams.set(name, params.get(name));
   for (const name of ["since", "until"]) {
-    const local = params.get(name);
+    const local = instantParam(params.get(name));
     if (local && !Number.isNaN(Date.parse(local))) apiParams.set(name, new Date(local).toISOString());
   }
   apiParams.set("limit", String(pageSize));
@@ -781,6 +968,9 @@ function pagedList({ path, filters = [], params = new URLSearchParams(), signal,
   const shown = new Set();
   let loaded = []; // the items shown, in order (with `key`)
   const emptyRow = () => h("tr", {}, h("td", { colspan: columns, class: "empty" }, empty));
+  // until the first page came: "Loading…" (a journal that does not answer is not an empty list), then why not
+  let first = true;
+  body.replaceChildren(loadingRow(columns));
   const setMore = () => { more.hidden = !before; };
   // one read at a time, in the order asked: "Older" pressed while a live refresh reads waits for it (and reads
   // after the rows it left), instead of both writing the rows and the cursor in whichever order they answer
@@ -794,6 +984,8 @@ function pagedList({ path, filters = [], params = new URLSearchParams(), signal,
     const page = new URLSearchParams(apiParams);
     if (!reset && before) page.set(cursorParam, before);
     const data = await api(`${path}?${page}`, { signal });
+    first = false;
+    onLoaded?.();
     if (reset) {
       body.replaceChildren();
       shown.clear();
@@ -813,6 +1005,7 @@ function pagedList({ path, filters = [], params = new URLSearchParams(), signal,
   const load = serial(loadPage);
   load.newer = serial(async () => {
     const data = await api(`${path}?${apiParams}`, { signal });
+    onLoaded?.();
     const fresh = items(data).filter((item) => !shown.has(key(item)));
     if (!fresh.length) return fresh;
     body.querySelector("td.empty")?.parentElement.remove();
@@ -836,6 +1029,7 @@ function pagedList({ path, filters = [], params = new URLSearchParams(), signal,
       page.set("limit", String(Math.min(maxLimit, loaded.length + pageSize)));
       if (cursor) page.set(cursorParam, cursor);
       const data = await api(`${path}?${page}`, { signal });
+      onLoaded?.();
       const list = items(data);
       got.push(...list);
       cursor = nextCursor(data);
@@ -852,7 +1046,10 @@ function pagedList({ path, filters = [], params = new URLSearchParams(), signal,
     setMore();
   });
   more.addEventListener("click", () => load(false).catch(onError));
-  load(true).catch(onError);
+  load(true).catch((error) => {
+    if (first && error?.name !== "AbortError") body.replaceChildren(notLoadedRow(columns));
+    onError(error);
+  });
   return load;
 }
 
@@ -923,9 +1120,17 @@ export function timeline(events, run, now = Date.now()) {
   );
   let triggered = false;
   const open = new Map(); // request_id -> its human.requested, while no outcome is journaled and the run goes on
+  // In time order: a question's "Waited …" goes just before its outcome (after the notifications sent meanwhile);
+  // the run's current wait ("Waiting …", up to now) after everything journaled.
+  const waitedBefore = new Map(); // outcome event id -> its "Waited …" step
+  let waitingNow = null;
   for (const e of events) {
     const d = e.data || {};
     const step = { kind: "", title: e.type, lines: [], event: e };
+    if (waitedBefore.has(e.id)) {
+      steps.push(waitedBefore.get(e.id));
+      waitedBefore.delete(e.id);
+    }
     if (e.type === "human.requested" && d.request_id && !outcomes.has(d.request_id)) open.set(d.request_id, e);
     if (RUN_ENDS[e.type] && open.size) {
       // The run ended with questions still open: human-interaction withdrew them (no human.* event says so; the
@@ -1006,15 +1211,15 @@ export function timeline(events, run, now = Date.now()) {
         const asked = Date.parse(e.time);
         if (outcome) {
           const waited = outcome.data.waited_s ?? (Date.parse(outcome.time) - asked) / 1000;
-          steps.push({ kind: "wait", title: `Waited ${duration(waited)}`, lines: [], event: null });
+          waitedBefore.set(outcome.id, { kind: "wait", title: `Waited ${duration(waited)}`, lines: [], event: null });
         } else if (run?.state === "waiting_for_human" && run.waiting?.request_id === d.request_id) {
-          steps.push({
+          waitingNow = {
             kind: "wait",
             title: `Waiting ${duration((now - asked) / 1000)}`,
             lines: [["For", person(run.waiting.recipient)], ["Channel", run.waiting.channel]],
             event: null,
             live: true,
-          });
+          };
         }
         continue;
       }
@@ -1142,6 +1347,7 @@ export function timeline(events, run, now = Date.now()) {
     }
     steps.push(step);
   }
+  if (waitingNow) steps.push(waitingNow);
   return steps;
 }
 
@@ -1275,7 +1481,8 @@ function runView(signal, runId) {
       ["Trigger", run.trigger_id
         ? h("a", { href: `#/triggers/${encodeURIComponent(run.trigger_id)}`, id: "run-trigger" }, run.trigger_id) : null],
       ["Created", when(run.created_at)], ["Finished", run.finished_at && when(run.finished_at)],
-      ["Result", run.result], ["Error", run.error],
+      // a cancelled run's "error" is why it was cancelled (and who asked): not an error
+      ["Result", run.result], [run.state === "cancelled" ? "Cancelled" : "Error", run.error],
       ["Rerun of", run.rerun_of ? h("a", { href: `#/runs/${encodeURIComponent(run.rerun_of)}`, id: "run-rerun-of" },
         run.rerun_of) : null],
       ["Rerun asked by", run.rerun_requested_by]];
@@ -1348,8 +1555,25 @@ function runView(signal, runId) {
       return;
     }
     header.replaceChildren(h("p", { id: "run-missing" }, "This run could not be loaded (see the message above)."));
+    if (error instanceof NoAnswer) viewFailed = true;
     failed(error);
   });
+}
+
+// An action's button while its call is under way: disabled, saying what is happening ("Cancelling…"), aria-busy;
+// as it was once the call is over (answered, refused, or no answer within API_TIMEOUT_MS).
+async function pending(button, text, fn) {
+  const label = button.textContent;
+  button.disabled = true;
+  button.setAttribute("aria-busy", "true");
+  button.textContent = text;
+  try {
+    return await fn();
+  } finally {
+    button.disabled = false;
+    button.removeAttribute("aria-busy");
+    button.textContent = label;
+  }
 }
 
 // A reason typed when the session had ended is kept in this tab (sessionStorage) until the form shows again.
@@ -1362,17 +1586,18 @@ function cancelForm(runId, signal, done) {
     reason.value = draft;
     sessionStorage.removeItem(cancelDraftKey(runId));
   }
+  const button = h("button", { class: "danger", type: "submit", id: "cancel-run" }, "Cancel run");
   const form = h("form", { class: "cancel-form", "aria-label": "Cancel the run" },
-    h("label", {}, "Reason", reason),
-    h("button", { class: "danger", type: "submit", id: "cancel-run" }, "Cancel run"));
+    h("label", {}, "Reason", reason), button);
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
+    if (button.disabled) return;
     try {
-      const answer = await api(`/runs/${encodeURIComponent(runId)}/cancel`, {
+      const answer = await pending(button, "Cancelling…", () => api(`/runs/${encodeURIComponent(runId)}/cancel`, {
         method: "POST",
         body: { reason: reason.value.trim() },
         signal,
-      });
+      }));
       message(`Cancel requested by ${answer.requested_by}; the run stops when the executor acts on it.`, "info");
       done();
     } catch (error) {
@@ -1413,8 +1638,8 @@ function auditView(signal, query) {
     return;
   }
   const params = new URLSearchParams(query);
-  const field = (name, label, attrs = {}) =>
-    h("label", {}, label, h("input", { name, value: params.get(name) ?? "", ...attrs }));
+  const field = (name, label, attrs = {}) => h("label", {}, label, h("input", { name, ...attrs,
+    value: attrs.type === "datetime-local" ? localField(params.get(name)) : params.get(name) ?? "" }));
   const kind = h("select", { name: "kind" }, h("option", { value: "" }, "any"),
     Object.entries(AUDIT_KINDS).map(([value, label]) => h("option", { value, selected: params.get("kind") === value }, label)));
   const form = h("form", { class: "filters", id: "audit-filters" },
@@ -1427,7 +1652,7 @@ function auditView(signal, query) {
   form.addEventListener("submit", (event) => {
     event.preventDefault();
     const next = new URLSearchParams();
-    for (const [key, value] of new FormData(form)) if (value) next.set(key, value.trim());
+    for (const [key, value] of new FormData(form)) if (value) next.set(key, zoned(key, value.trim()));
     const hash = `#/audit${next.size ? `?${next}` : ""}`;
     if (location.hash === hash) go(hash);
     else location.hash = hash;
@@ -1546,7 +1771,7 @@ function tickWaits(root, signal) {
 }
 
 function waitingView(signal) {
-  const body = h("tbody");
+  const body = h("tbody", {}, loadingRow(7));
   show(
     h("h1", {}, "Waiting for a human or an agent"),
     h("table", { id: "waiting" },
@@ -1570,7 +1795,10 @@ function waitingView(signal) {
     }));
     if (!data.runs.length) body.append(h("tr", {}, h("td", { colspan: 7, class: "empty" }, "Nobody is being waited for.")));
   }
-  load().catch(failed);
+  load().catch((error) => {
+    if (body.querySelector("tr.loading")) body.replaceChildren(notLoadedRow(7));
+    failed(error);
+  });
   tickWaits(body, signal); // the "Waiting" column counts up while the page is open, events or not
   const refresh = debounce(() => load().catch(failed), 1000);
   const moves = (type) => type.startsWith("human.") || type.startsWith("run.") || type.startsWith("agent.");
@@ -1595,7 +1823,7 @@ function deliveryCounts(t) {
 }
 
 function triggersView(signal) {
-  const body = h("tbody");
+  const body = h("tbody", {}, loadingRow(12));
   const definitions = definitionsSection(signal);
   show(
     h("h1", {}, "Triggers"),
@@ -1604,7 +1832,9 @@ function triggersView(signal) {
     h("p", { class: "muted" }, "What the journal saw of each trigger: its deliveries, runs and audit events."),
     h("table", { id: "triggers" },
       h("thead", {}, h("tr", {}, ...["Trigger", "Source", "Events seen", "Agent", "Enabled", "Last run"].map((t) => h("th", {}, t)),
-        h("th", { class: "num" }, "Successful runs"), h("th", { class: "num" }, "Needed a human"),
+        h("th", { class: "num" }, "Successful runs"), h("th", { class: "num" }, "Failed"),
+        h("th", { class: "num" }, "Cancelled"), h("th", { class: "num", title: "every run of the trigger, those still going included" }, "All runs"),
+        h("th", { class: "num" }, "Needed a human"),
         h("th", { class: "num", title: "accepted / received; ignored: the trigger does not take them (HTTP 200 ignored)" },
           "Deliveries"))),
       body),
@@ -1613,19 +1843,25 @@ function triggersView(signal) {
     const data = await api("/triggers", { signal });
     body.replaceChildren(...data.triggers.map((t) => h("tr", { dataset: { triggerId: t.trigger_id } },
       h("td", {}, h("a", { href: `#/triggers/${encodeURIComponent(t.trigger_id)}` }, t.trigger_id)),
-      h("td", {}, t.source ?? "—"),
-      h("td", { class: "anywhere" }, t.event_types.length ? t.event_types.join(", ") : "—"),
+      h("td", { class: "ids" }, t.source ? idText(t.source) : "—"),
+      h("td", { class: "ids" }, t.event_types.length ? idText(t.event_types.join(", ")) : "—"),
       h("td", {}, t.agent ?? "—"),
       h("td", {}, t.deleted ? "deleted" : t.enabled === null ? "unknown" : t.enabled ? "yes" : "no"),
       h("td", {}, t.last_run ? h("a", { href: `#/runs/${encodeURIComponent(t.last_run.run_id)}` }, when(t.last_run.created_at)) : "—",
         t.last_run ? h("div", {}, stateBadge(t.last_run.state)) : null),
-      h("td", { class: "num" }, t.runs_completed),
-      h("td", { class: "num" }, t.runs_needed_human),
+      h("td", { class: "num runs-completed" }, t.runs_completed),
+      h("td", { class: "num runs-failed" }, t.runs_failed ?? "—"),
+      h("td", { class: "num runs-cancelled" }, t.runs_cancelled ?? "—"),
+      h("td", { class: "num runs-total" }, t.runs_total ?? "—"),
+      h("td", { class: "num needed-human" }, t.runs_needed_human),
       h("td", { class: "num deliveries" }, h("span", { class: "accepted-received" }, `${t.deliveries_accepted} / ${t.deliveries_received}`),
         deliveryCounts(t)))));
-    if (!data.triggers.length) body.append(h("tr", {}, h("td", { colspan: 9, class: "empty" }, "No trigger has fired yet.")));
+    if (!data.triggers.length) body.append(h("tr", {}, h("td", { colspan: 12, class: "empty" }, "No trigger has fired yet.")));
   }
-  load().catch(failed);
+  load().catch((error) => {
+    if (body.querySelector("tr.loading")) body.replaceChildren(notLoadedRow(12));
+    failed(error);
+  });
   const refresh = debounce(() => load().catch(failed), 500);
   // the definitions (the gateway's) move with the trigger API's audit events; not while a delete is being confirmed
   const refreshDefinitions = debounce(() => {
@@ -1653,10 +1889,10 @@ function deliveriesView(signal, triggerId) {
     empty: "No deliveries.", items: (data) => data.deliveries,
     key: (d) => d.delivery_id, position: (d) => listPosition(d.time, d.delivery_id),
     row: (d) => h("tr", { dataset: { deliveryId: d.delivery_id, outcome: d.outcome } },
-      h("td", { class: "anywhere" }, d.delivery_id), h("td", { class: "anywhere" }, d.event_type ?? "—"),
+      h("td", { class: "ids" }, idText(d.delivery_id)), h("td", { class: "ids" }, d.event_type ? idText(d.event_type) : "—"),
       h("td", { class: "outcome" }, d.outcome),
       h("td", {}, reason("delivery", d.reason)),
-      h("td", { class: "anywhere" }, d.run_id ? h("a", { href: `#/runs/${encodeURIComponent(d.run_id)}` }, d.run_id) : "—"),
+      h("td", { class: "ids" }, d.run_id ? h("a", { href: `#/runs/${encodeURIComponent(d.run_id)}` }, idText(d.run_id)) : "—"),
       h("td", { class: "nowrap" }, when(d.time))),
   });
   const processing = processingSection(signal, triggerId);
@@ -1732,13 +1968,13 @@ function processingSection(signal, triggerId) {
     // the gateway's "rejected" for a delivery it answered 200 ignored reads "ignored" (data-state stays the gateway's)
     const ignored = d.state === "rejected" && IGNORED_REASONS.has(d.reason);
     return h("tr", { dataset: { deliveryId: d.delivery_id, state: d.state, shown: ignored ? "ignored" : d.state } },
-      h("td", { class: "anywhere" }, d.delivery_id, d.redrive_of
+      h("td", { class: "ids" }, idText(d.delivery_id), d.redrive_of
         ? h("div", { class: "muted" }, d.rerun ? `rerun ${d.rerun} of ${d.redrive_of}` : `re-drive of ${d.redrive_of}`)
         : null),
       h("td", { class: "state-cell", title: ignored ? "the gateway's state: rejected (answered 200 ignored)" : null },
         ignored ? "ignored" : d.state),
       h("td", { class: "wide" }, reason("delivery", d.reason), d.reason && d.detail ? ": " : null, d.detail ?? null),
-      h("td", { class: "anywhere" }, d.run_id ? h("a", { href: `#/runs/${encodeURIComponent(d.run_id)}` }, d.run_id) : "—"),
+      h("td", { class: "ids" }, d.run_id ? h("a", { href: `#/runs/${encodeURIComponent(d.run_id)}` }, idText(d.run_id)) : "—"),
       h("td", { class: "nowrap" }, when(d.received_at)),
       h("td", { class: "actions" }, actions));
   };
@@ -1756,6 +1992,7 @@ function processingSection(signal, triggerId) {
   load = pagedList({
     path: base, signal, body, more, columns: 6, empty: "No deliveries recorded.", items: (data) => data.deliveries,
     cursorParam: "cursor", nextCursor: (data) => data.next_cursor, maxLimit: 100, onError,
+    onLoaded: () => sectionProblem(holder, null),
     key: (d) => d.delivery_id, position: (d) => listPosition(d.received_at, d.delivery_id),
     prepare: (all) => {
       reruns.clear();
@@ -1811,6 +2048,8 @@ const TYPE_FIELDS = {
   event: ["event_type", "filter", "allow_self"],
 };
 const etagOf = (revision) => `"${revision}"`;
+const NO_AUTH_WARNING = "No authentication: anyone who can reach the trigger-gateway's /hooks/ address can start " +
+  "runs of this trigger. Pick the auth type the source signs or authenticates its calls with.";
 // human.on_timeout.action (docs/triggers.md): what a run does when nobody answered by the deadline.
 const ON_TIMEOUT = { fail: "fail the run", default: "resume with a default option", cancel: "cancel the run" };
 const MAX_CHAIN_S = 30 * 24 * 3600; // renotify.every_s and escalate.after_s at most (the protocol's bound)
@@ -1826,7 +2065,7 @@ function gatewayFailed(error, where) {
       "Trigger definitions are not available here: the journal has no TEMPORALITY_JOURNAL_GATEWAY_URL."));
     return;
   }
-  failed(error);
+  failed(error, where); // a gateway's 401 is said in the section (nobody is signed out)
 }
 
 // UI-2's "source" and "event" of a definition, as configured (the journal's table below shows what came).
@@ -1845,7 +2084,7 @@ function configuredEvents(t) {
 }
 
 function definitionsSection(signal) {
-  const body = h("tbody");
+  const body = h("tbody", {}, loadingRow(10));
   const section = h("section", { id: "definitions" });
   const toolbar = h("div", { class: "toolbar" },
     h("h2", {}, "Definitions"),
@@ -1859,10 +2098,14 @@ function definitionsSection(signal) {
 
   async function load() {
     const data = await api(GATEWAY, { signal });
+    sectionProblem(holder, null);
     body.replaceChildren(...data.triggers.map((item) => definitionRow(item, signal, load)));
     if (!data.triggers.length) body.append(h("tr", {}, h("td", { colspan: 10, class: "empty" }, "No triggers defined.")));
   }
-  section.reload = () => load().catch((error) => gatewayFailed(error, holder));
+  section.reload = () => load().catch((error) => {
+    if (body.querySelector("tr.loading")) body.replaceChildren(notLoadedRow(10));
+    gatewayFailed(error, holder);
+  });
   section.reload();
   return section;
 }
@@ -1875,15 +2118,16 @@ function definitionRow(item, signal, reload) {
     h("td", {}, t.name ?? ""),
     h("td", {}, t.type ?? "?"),
     h("td", { class: "source" }, configuredSource(t)),
-    h("td", { class: "events anywhere" }, configuredEvents(t)),
+    h("td", { class: "events ids" }, idText(configuredEvents(t))),
     h("td", {}, t.agent ?? "—"),
     h("td", { class: "enabled" }, t.enabled === false ? "no" : "yes"),
     h("td", { class: "num" }, item.revision),
     h("td", { class: "anywhere" }, item.updated_by ?? "—", item.problem ? h("div", { class: "bad" }, item.problem) : null),
     h("td", { class: "actions" }, actions));
-  const act = async (path, method, done) => {
+  const act = async (path, method, done, button, doing) => {
     try {
-      await api(`${GATEWAY}/${encodeURIComponent(t.id)}${path}`, { method, signal, ifMatch: etagOf(item.revision) });
+      await pending(button, doing, () =>
+        api(`${GATEWAY}/${encodeURIComponent(t.id)}${path}`, { method, signal, ifMatch: etagOf(item.revision) }));
       message(done, "success");
       await reload();
     } catch (error) {
@@ -1896,15 +2140,18 @@ function definitionRow(item, signal, reload) {
   if (mayAdmin()) actions.append(h("a", { class: "button", href: `#/wizard/${encodeURIComponent(t.id)}` }, "Edit"));
   if (mayOperate()) {
     const enabled = t.enabled !== false;
-    actions.append(h("button", {
+    const toggle = h("button", {
       type: "button",
-      onclick: () => act(enabled ? "/disable" : "/enable", "POST", `${t.id} ${enabled ? "disabled" : "enabled"}.`),
-    }, enabled ? "Disable" : "Enable"));
+      onclick: () => act(enabled ? "/disable" : "/enable", "POST", `${t.id} ${enabled ? "disabled" : "enabled"}.`,
+        toggle, enabled ? "Disabling…" : "Enabling…"),
+    }, enabled ? "Disable" : "Enable");
+    actions.append(toggle);
   }
   if (mayAdmin()) {
     const confirmBox = h("span", { class: "confirm", hidden: true },
       `Delete ${t.id}? `,
-      h("button", { type: "button", class: "danger", onclick: () => act("", "DELETE", `${t.id} deleted.`) }, "Yes, delete"),
+      h("button", { type: "button", class: "danger", onclick: (event) => act("", "DELETE", `${t.id} deleted.`,
+        event.currentTarget, "Deleting…") }, "Yes, delete"),
       h("button", { type: "button", onclick: () => { confirmBox.hidden = true; } }, "Keep"));
     actions.append(h("button", { type: "button", onclick: () => { confirmBox.hidden = false; } }, "Delete"), confirmBox);
   }
@@ -2050,8 +2297,11 @@ function wizardView(signal, triggerId) {
   const tokenEnvField_ = field("Token environment variable", f.tokenEnv,
     "mindmap: the name of the gateway's variable holding this trigger's X-Mindmap-Token (token_env); the secret " +
     "above signs the body");
+  // auth "none": whoever reaches the gateway's /hooks/<id> starts runs -- said beside the field and on the review
+  const noAuthWarning = h("p", { class: "warning", id: "auth-none-warning", role: "note" }, NO_AUTH_WARNING);
   const showAuth = () => {
     const type = f.authType.value;
+    noAuthWarning.hidden = type !== "none";
     usernameField.hidden = type !== "basic";
     headerField.hidden = !["header", "hmac_sha256"].includes(type);
     secretEnvField_.hidden = secretEnvField(type) === null;
@@ -2074,7 +2324,8 @@ function wizardView(signal, triggerId) {
     field("Adapter", f.adapter, "which system sends it: azure_devops.pull_request, github, gitlab, generic, …"),
     h("datalist", { id: "adapters" }, ADAPTERS.map((a) => h("option", { value: a }))),
     field("Auth type", f.authType, "how the gateway checks the sender"),
-    usernameField, headerField, secretEnvField_, tokenEnvField_);
+    noAuthWarning, usernameField, headerField, secretEnvField_, tokenEnvField_);
+  f.authType.setAttribute("aria-describedby", `${f.authType.getAttribute("aria-describedby")} ${noAuthWarning.id}`);
   const webhookEvents = h("div", { class: "part", dataset: { forType: "webhook" } },
     field("Event types", f.events, "comma-separated, as the source names them"));
   const scheduleWhen = h("div", { class: "part", dataset: { forType: "schedule" }, id: "part-schedule" },
@@ -2526,8 +2777,10 @@ function wizardView(signal, triggerId) {
     const seconds = (n) => `${duration(n)} (${n} s)`;
     const human = t.human ?? {};
     const ot = human.on_timeout ?? {};
+    const unauthenticated = t.type === "webhook" && t.auth?.type === "none";
     const sections = [
-      [["Trigger", `${t.id} — ${t.name}`], ["Comes from", source], ["Adapter", t.adapter], ["Auth", auth],
+      [["Trigger", `${t.id} — ${t.name}`], ["Comes from", source], ["Adapter", t.adapter],
+        ["Auth", unauthenticated ? h("span", { class: "bad", id: "review-auth-none" }, `none — ${NO_AUTH_WARNING}`) : auth],
         ["Enabled", t.enabled === false ? "no" : "yes"]],
       [["Event types", t.type === "webhook" ? list(t.events) : null],
         ["Schedule", t.type === "schedule" ? `${t.cron}${t.timezone ? ` (${t.timezone})` : " (UTC)"}` : null],
@@ -2760,7 +3013,7 @@ function delegation(a) {
 }
 
 // The Analytics page's periods: the runs created in the last 24 h / 7 d / 30 d (the window slides with each
-// refresh), all of them, or from / before instants typed in local time -- in the address (shareable).
+// refresh), all of them, or from / before instants -- in the address with their offset (shareable across zones; an older link without one is local time).
 const PERIODS = { "24h": ["the last 24 hours", 24 * 3600], "7d": ["the last 7 days", 7 * 24 * 3600],
   "30d": ["the last 30 days", 30 * 24 * 3600] };
 
@@ -2772,7 +3025,7 @@ export function analyticsPeriod(params, now = Date.now()) {
     return { since: new Date(now - seconds * 1000).toISOString(), until: null, words: `Runs created in ${words}` };
   }
   const at = (name) => {
-    const local = params.get(name);
+    const local = instantParam(params.get(name));
     return local && !Number.isNaN(Date.parse(local)) ? new Date(local).toISOString() : null;
   };
   const since = at("since");
@@ -2790,7 +3043,7 @@ function periodForm(params) {
     h("option", { value: "", selected: chosen === "" }, "all time"),
     Object.entries(PERIODS).map(([value, [words]]) => h("option", { value, selected: chosen === value }, words)),
     h("option", { value: "range", selected: chosen === "range" }, "from … to …"));
-  const date = (name) => h("input", { name, type: "datetime-local", value: params.get(name) ?? "",
+  const date = (name) => h("input", { name, type: "datetime-local", value: localField(params.get(name)),
     disabled: chosen !== "range" });
   const since = date("since");
   const until = date("until");
@@ -2804,8 +3057,8 @@ function periodForm(params) {
     event.preventDefault();
     const next = new URLSearchParams();
     if (period.value === "range") {
-      if (since.value) next.set("since", since.value);
-      if (until.value) next.set("until", until.value);
+      if (since.value) next.set("since", withOffset(since.value));
+      if (until.value) next.set("until", withOffset(until.value));
     } else if (period.value) next.set("period", period.value);
     const hash = `#/analytics${next.size ? `?${next}` : ""}`;
     if (location.hash === hash) go(hash);
@@ -2815,14 +3068,20 @@ function periodForm(params) {
 }
 
 // One of the most delegated questions, whatever the API says of it: its text (``question``, or an ``example`` of
-// the group), how often, and an example worded otherwise when the group has one.
+// the group), how often, an example worded otherwise when the group has one, and whose it is -- the API groups
+// the questions per trigger and agent, so the same question asked by two triggers' runs is two rows, told apart
+// by "asked by <agent> for <trigger>".
 function topQuestion(q) {
   const item = q && typeof q === "object" ? q : { question: q };
   const text = [item.question, item.example, item.text, item.label].find((v) => typeof v === "string" && v) ?? "—";
   const count = [item.count, item.requests, item.total].find((v) => typeof v === "number");
   const example = typeof item.example === "string" && item.example && item.example !== text ? item.example : null;
-  return h("li", {}, uncut(text), count === undefined ? "" : ` — ${count}×`,
-    example ? h("span", { class: "muted example" }, `e.g. “${uncut(example)}”`) : null);
+  const whose = [item.agent ? `asked by ${item.agent}` : null,
+    item.trigger_id ? `for trigger ${item.trigger_id}` : item.agent ? "without a trigger" : null].filter(Boolean);
+  return h("li", { dataset: { agent: item.agent ?? "", triggerId: item.trigger_id ?? "" } },
+    h("span", { class: "question-text" }, uncut(text)), count === undefined ? "" : ` — ${count}×`,
+    example ? h("span", { class: "muted example" }, `e.g. “${uncut(example)}”`) : null,
+    whose.length ? h("span", { class: "muted asked-by" }, whose.join(" ")) : null);
 }
 
 function analyticsView(signal, query) {
@@ -2915,8 +3174,10 @@ function inboxFailed(error) {
     go("#/inbox", `Inbox: not signed in: ${error.message} (401). Sign in with your inbox token.`);
   } else if (error instanceof ApiError) {
     message(`Inbox: ${error.message} (${error.status} ${error.code}).`);
+  } else if (error instanceof NoAnswer) {
+    noAnswer(error);
   } else {
-    message(`The inbox did not answer: ${error?.message || error}.`);
+    message(`Something went wrong in this page: ${error?.message || error}.`);
   }
 }
 
@@ -2973,6 +3234,41 @@ function inboxSignInView() {
 
 function optionLabel(item, optionId) {
   return item.options.find((o) => o.id === optionId)?.label ?? optionId;
+}
+
+// What happens at the deadline when nobody answered, without the deadline itself (the card says it once, in this
+// browser's time with its zone, from expires_at): the question's own at_deadline (human-interaction: action and
+// default option as they apply to it) -- not its ``text``, which repeats the deadline in UTC for the chats --, and
+// the reminders and escalation before it from the journal's on_timeout (the policy of its human.requested).
+export function atDeadline(item) {
+  const policy = item.on_timeout ?? null;
+  const action = item.at_deadline?.action ?? policy?.action ?? null;
+  const option = item.at_deadline ? item.at_deadline.default_option : policy?.default_option;
+  const then = action === "default" && option ? `the run goes on with “${optionLabel(item, option)}”`
+    : action === "cancel" ? "the run is cancelled"
+    : action === "fail" || action === "default" ? "the run stops without your answer"
+    : null;
+  if (!then) return "What happens without an answer is not known yet.";
+  // the chain's steps as human-interaction plans them (chain.plan): the reminders every every_s from the question,
+  // the escalation after_s after the last of them; only those before the deadline happen
+  const before = [];
+  const asked = Date.parse(item.created_at);
+  const due = Date.parse(item.expires_at);
+  const known = !Number.isNaN(asked) && !Number.isNaN(due);
+  let at = asked;
+  const every = Number(policy?.renotify?.every_s);
+  if (every > 0) {
+    const max = Number(policy.renotify.max) || 1;
+    const sent = known ? Math.min(max, Math.max(0, Math.ceil((due - asked) / (1000 * every)) - 1)) : max;
+    if (sent) before.push(`you are reminded every ${duration(every)} (at most ${sent} ${sent === 1 ? "time" : "times"})`);
+    at += 1000 * every * max;
+  }
+  if (policy?.escalate?.to) {
+    at += 1000 * Number(policy.escalate.after_s);
+    if (!known) before.push(`it also goes to ${person(policy.escalate.to)}`);
+    else if (at < due) before.push(`it also goes to ${person(policy.escalate.to)} at ${when(new Date(at).toISOString())}`);
+  }
+  return `${before.length ? `Before then, ${before.join(" and ")}. ` : ""}Without an answer by then, ${then}.`;
 }
 
 // A request with a form (``form``: the fields of its ``answer_schema``, an MCP elicitation's requested schema):
@@ -3115,7 +3411,10 @@ function inboxCard(item, signal) {
       status.className = "answer-status bad";
       status.textContent = error instanceof ApiError
         ? `${known ?? "Not recorded"}: ${error.message.replace(FORM_MISFIT, "")} (${error.status}).`
-        : `Not recorded: the inbox did not answer (${error?.message || error}). Try again.`;
+        : error instanceof NoAnswer && error.silent
+          ? `Not known whether it was recorded: no answer within ${API_TIMEOUT_MS / 1000} s. Refresh: a question ` +
+            "still listed was not answered."
+          : `Not recorded: the inbox could not be reached (${error?.message || error}). Try again.`;
       // A wrong answer (422) or an unreachable inbox may be corrected; a refusal is final.
       if (!(error instanceof ApiError) || error.status === 422 || error.status >= 500) {
         for (const c of controls) c.disabled = false;
@@ -3153,12 +3452,6 @@ function inboxCard(item, signal) {
       send({ text: value }, `“${value}”`);
     });
   }
-  // What happens at the deadline: human-interaction's at_deadline.text, the sentence the Telegram / Matrix question
-  // ends with ("No answer by … → I go with “Keep v1”."); the journal's on_timeout.summary when it says more
-  // (reminders, an escalation before the deadline) or an older human-interaction sent no at_deadline.
-  const onTimeout = item.on_timeout;
-  const timeout = (onTimeout?.renotify || onTimeout?.escalate ? onTimeout.summary : null)
-    ?? item.at_deadline?.text ?? onTimeout?.summary ?? "What happens without an answer is not known yet.";
   const link = item.source_link; // the run's source (HUM-5); human-interaction sends only http(s) links
   card.append(...[ // DOM append writes a null as the text "null": the absent parts are left out
     h("p", { class: "muted task" }, uncut(item.title)),
@@ -3172,9 +3465,9 @@ function inboxCard(item, signal) {
     optionButtons.length ? h("ul", { class: "options", "aria-label": "Options" }, optionButtons) : null,
     textForm,
     h("p", { class: "deadline" },
-      h("strong", {}, "Answer by "), when(item.expires_at),
-      Number.isNaN(expires) ? "" : ` (${expires > Date.now() ? `in ${duration((expires - Date.now()) / 1000)}` : "overdue"}). `,
-      h("span", { class: "on-timeout" }, timeout)),
+      h("strong", {}, "Answer by "), h("time", { datetime: item.expires_at }, when(item.expires_at)),
+      Number.isNaN(expires) ? ". " : ` (${expires > Date.now() ? `in ${duration((expires - Date.now()) / 1000)}` : "overdue"}). `,
+      h("span", { class: "on-timeout" }, atDeadline(item))),
     status,
   ].filter(Boolean));
   return card;
@@ -3247,6 +3540,7 @@ function inboxView(signal) {
 
 // ------------------------------------------------------------------ routing
 async function route() {
+  viewFailed = false;
   viewAbort?.abort();
   viewAbort = new AbortController();
   const signal = viewAbort.signal;

@@ -313,6 +313,12 @@ async def test_human_analytics_match_the_history(journal: Journal, story: MakeSt
         "trigger_id": "ado-pr",
         "share": 0.4,
         "distinct": 1,
+        # OBS-1: no reason given (events as older executors write them); both answered in free text, no options
+        "reason": None,
+        "reason_kind": None,
+        "answered": 2,
+        "choices": [],
+        "free_text": 2,
     }
     assert sorted((q["question"], q["agent"], q["count"]) for q in body["top_questions"]) == [
         ("Close as duplicate?", "triager", 1),

@@ -29,6 +29,7 @@ __all__ = [
     "ASK_TIMEOUT_MAX_S",
     "CONFORMANCE_PROBES",
     "EVENT_MODELS",
+    "MAX_REASON",
     "RUN_FAILURE_REASONS",
     "Actor",
     "AgentAnswerReceived",
@@ -89,6 +90,7 @@ __all__ = [
     "HumanAnswer",
     "HumanAnswerRefused",
     "HumanAnswered",
+    "HumanAskKind",
     "HumanCancelRequested",
     "HumanDirectoryChanged",
     "HumanEscalated",
@@ -160,6 +162,16 @@ __all__ = [
 
 #: Free-text payloads in events are cut to this many characters (COL-9 uses the same bound).
 MAX_TEXT = 4096
+#: OBS-1: the most characters of ``human.requested.reason`` (the agent's short phrase for why it asks).
+MAX_REASON = 200
+#: OBS-1: what kind of help an agent asks a person for (``human.requested.reason_kind``), so analytics can count
+#: which knowledge is missing and which decisions are delegated:
+#:
+#: ``missing_knowledge``  a fact only a person knows (a deadline, an owner, whether a system is in use)
+#: ``decision``           a choice the agent may not or cannot make itself (which of several ways)
+#: ``approval``           permission or sign-off for an action the agent is about to take
+#: ``ambiguity``          the task, the input or an instruction is unclear or contradictory
+HumanAskKind = Literal["missing_knowledge", "decision", "approval", "ambiguity"]
 
 
 class _Model(BaseModel):
@@ -711,6 +723,17 @@ class HumanRequested(EventData):
     question: Annotated[str, Field(min_length=1, max_length=MAX_TEXT)]
     context: Annotated[str, Field(max_length=MAX_TEXT)] = Field(
         default="", description="Why it arose, what the agent established, what is missing (HUM-5)"
+    )
+    reason: Annotated[str, Field(min_length=1, max_length=MAX_REASON)] | None = Field(
+        default=None,
+        description="OBS-1: the agent's short phrase for why it asks (ask_human's `reason`, e.g. 'release date "
+        "unknown'), for analytics; None when the agent gave none (and on events from executors before it)",
+    )
+    reason_kind: HumanAskKind | None = Field(
+        default=None,
+        description="OBS-1: what kind of help it asks for (ask_human's `reason_kind`): missing_knowledge (a fact "
+        "only a person knows), decision (a choice the agent may not make itself), approval (sign-off for an "
+        "action), ambiguity (the task or input is unclear); None when the agent gave none (and on older events)",
     )
     options: list[HumanOption] = Field(default_factory=list)
     allow_free_text: bool = True

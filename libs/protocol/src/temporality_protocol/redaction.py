@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-from temporality_protocol.events import HumanOption, HumanRequested, SourceLink
+from temporality_protocol.events import MAX_REASON, HumanOption, HumanRequested, SourceLink
 
 __all__ = [
     "BUILTIN_PATTERNS",
@@ -334,8 +334,8 @@ class Redactor:
         return SourceLink(href=link.href, label=self.redact(link.label).text[:200])
 
     def human_requested(self, data: HumanRequested) -> HumanRequested:
-        """``data`` with every text a person will read redacted: the title, question, context, each option's
-        label and consequence, the source link, the texts of its form (:func:`redact_form`). Ids, the policy,
+        """``data`` with every text a person will read redacted: the title, question, context, the reason (OBS-1),
+        each option's label and consequence, the source link, the texts of its form (:func:`redact_form`). Ids, the policy,
         the recipient and the form's machine values are never touched."""
 
         def clean(text: str) -> str:
@@ -354,6 +354,7 @@ class Redactor:
                 "title": clean(data.title),
                 "question": clean(data.question)[:4096] or "(redacted)",
                 "context": clean(data.context)[:4096],
+                "reason": None if data.reason is None else clean(data.reason)[:MAX_REASON] or None,
                 "options": options,
                 "source_link": self.link(data.source_link),
                 "answer_schema": None if data.answer_schema is None else redact_form(data.answer_schema, clean),

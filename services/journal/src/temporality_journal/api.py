@@ -1191,7 +1191,11 @@ def create_app(
         "pending, the wait-time distribution of answered requests (nearest-rank percentiles; histogram "
         "buckets by exclusive upper bound in seconds, the last open), the most frequent questions, and the "
         "same counts per agent, per trigger and per stage (`by_stage`: the turn of its run each question was asked in, with the runs that reached "
-        "that turn and the share of them that asked there).",
+        "that turn and the share of them that asked there). Why agents ask (ask_human's optional reason and "
+        "reason_kind): `by_reason_kind` (missing_knowledge, decision, approval, ambiguity; null: not given) and "
+        "`top_reasons`; which decisions are delegated: each of `top_questions` names its options with how often "
+        "a person chose each (human.answered, joined by request_id), the timeout default took it, and free-text "
+        "answers.",
     )
     async def human_stats(
         who: AsViewer,
@@ -1199,7 +1203,9 @@ def create_app(
         until: Annotated[datetime | None, Query(description="Runs created before (ISO 8601)")] = None,
         agent: Annotated[str | None, _text("Only runs of this agent (case-insensitive)")] = None,
         trigger_id: Annotated[str | None, _text("Only runs launched by this trigger (case-insensitive)")] = None,
-        top: Annotated[int, Query(ge=1, le=100, description="How many of the most frequent questions")] = 10,
+        top: Annotated[
+            int, Query(ge=1, le=100, description="How many of the most frequent questions (and of top_reasons)")
+        ] = 10,
     ) -> HumanAnalytics:
         conditions = _run_filters(database, agent=agent, trigger_id=trigger_id, since=since, until=until)
         run_ids = select(RunRecord.run_id).where(*conditions)

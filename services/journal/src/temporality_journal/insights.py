@@ -35,6 +35,9 @@ __all__ = [
     "DeliveryView",
     "EventRow",
     "HumanAnalytics",
+    "OptionChoice",
+    "ReasonCount",
+    "ReasonKindBreakdown",
     "RunRow",
     "StageBreakdown",
     "TriggerView",
@@ -72,6 +75,8 @@ RUN_ENDED = frozenset({RunState.COMPLETED.value, RunState.FAILED.value, RunState
 #: Upper bounds (seconds, exclusive) of the wait-time histogram's buckets; the last bucket is open.
 WAIT_BUCKETS_S: tuple[float, ...] = (60, 300, 900, 3600, 4 * 3600, 24 * 3600)
 MAX_QUESTION = 200
+#: The most characters of a reason kept (human.requested.reason's bound; an older or foreign event may be longer).
+MAX_REASON = 200
 
 
 # --------------------------------------------------------------------------- cursors
@@ -327,6 +332,21 @@ class WaitStats(BaseModel):
     histogram: list[WaitBucket]
 
 
+class OptionChoice(BaseModel):
+    """OBS-1 "which decisions are delegated": how one option of a group of questions was chosen."""
+
+    option_id: str = Field(description="The option's id (the machine value a run gets)")
+    label: str | None = Field(
+        description="Its label as most recently offered (else as the answer named it; null: neither said)"
+    )
+    offered: int = Field(description="Requests of the group that offered it")
+    chosen: int = Field(description="human.answered events (joined by request_id) that chose it: a person's choice")
+    defaulted: int = Field(
+        default=0, description="Requests the timeout policy answered with it (human.expired action default)"
+    )
+    share: float | None = Field(description="chosen / the group's answers (null: none answered)")
+
+
 class QuestionCount(BaseModel):
     """One group of "most delegated questions" (OBS-1): the questions one agent asked for one trigger's runs that
     have the same :func:`question_shape` -- the same decision asked about different pull requests, ids or
@@ -348,6 +368,21 @@ class QuestionCount(BaseModel):
     trigger_id: str | None = Field(default=None, description="The trigger of the group's runs (null: none)")
     share: float = Field(default=0.0, description="count / all the requests of the runs analysed")
     distinct: int = Field(default=1, description="How many different question texts the group holds")
+    reason: str | None = Field(
+        default=None,
+        description="The group's most frequent reason (human.requested.reason, ties to the most recently asked); "
+        "null: none of its requests gave one (an agent or executor before the field)",
+    )
+    reason_kind: str | None = Field(
+        default=None, description="The group's most frequent reason_kind (ties: the smallest); null: none given"
+    )
+    answered: int = Field(default=0, description="Requests of the group a person answered (human.answered)")
+    choices: list[OptionChoice] = Field(
+        default_factory=list,
+        description="Which options were chosen: every option the group's requests offered (by id) and any an answer "
+        "chose, most chosen first, then in the order offered",
+    )
+    free_text: int = Field(default=0, description="Answers given as free text instead of an option")
 
 
 class HumanCounts(BaseModel):
@@ -396,6 +431,31 @@ class StageBreakdown(HumanCounts):
     )
 
 
+class ReasonKindBreakdown(HumanCounts):
+    """The requests of one ``reason_kind`` (OBS-1: which knowledge is missing, which decisions are delegated)."""
+
+    reason_kind: str | None = Field(
+        description="missing_knowledge, decision, approval, ambiguity (ask_human's reason_kind); null: not given "
+        "(the agent gave none, or its executor predates the field)"
+    )
+    wait_p50_s: float | None = Field(description="Median wait of its answered requests (nearest rank)")
+    runs_asked: int = Field(description="Runs that asked at least one question of this kind")
+
+
+class ReasonCount(BaseModel):
+    """One group of the reasons agents gave (``human.requested.reason``) with the same :func:`question_shape` and
+    kind: e.g. "release date unknown" asked about different releases is one row."""
+
+    reason: str = Field(description="A representative reason: its most frequent text, ties to the most recent")
+    shape: str = Field(description="The reasons' shape (question_shape of the text)")
+    reason_kind: str | None = Field(description="Their reason_kind (null: not given)")
+    count: int = Field(description="Requests that gave it")
+    share: float = Field(description="count / all the requests of the runs analysed")
+    answered: int
+    expired: int
+    wait_p50_s: float | None = Field(description="Median wait of its answered requests (nearest rank)")
+
+
 class HumanAnalytics(HumanCounts):
     since: datetime | None
     until: datetime | None
@@ -407,6 +467,14 @@ class HumanAnalytics(HumanCounts):
         default_factory=list,
         description="The same counts per stage, the turn of its run a question was asked in, ascending: "
         "runs_asked / asked_share are the runs (of all runs_total) that asked at that turn",
+    )
+    by_reason_kind: list[ReasonKindBreakdown] = Field(
+        default_factory=list,
+        description="The same counts per reason_kind the agents gave (OBS-1), most requests first, not given last",
+    )
+    top_reasons: list[ReasonCount] = Field(
+        default_factory=list,
+        description="The most frequent reasons agents gave (grouped by shape and kind), most requests first",
     )
 
 
@@ -464,6 +532,15 @@ class _Request:
     escalated: bool = False
     reminders: int = 0
     shape: str = ""
+    reason: str | None = None
+    reason_kind: str | None = None
+    #: The options it offered, (id, label), in order.
+    offered: tuple[tuple[str, str | None], ...] = ()
+    #: A person's answer (human.answered): the option id chosen, or "" for free text; None: not answered.
+    chosen: str | None = None
+    chosen_label: str | None = None
+    #: The option the timeout policy answered with (human.expired action default).
+    defaulted: str | None = None
 
 
 def _percentile(ordered: Sequence[float], p: float) -> float | None:
@@ -534,12 +611,16 @@ def human_analytics(
             turn = ev.data.get("turn")
             if request_id not in requests:
                 question = _str(ev.data, "question") or ""
+                reason = _str(ev.data, "reason")
                 requests[request_id] = _Request(
                     ev.run_id,
                     question[:MAX_QUESTION],
                     ev.time,
                     turn if isinstance(turn, int) and not isinstance(turn, bool) else None,
                     shape=question_shape(question),
+                    reason=reason[:MAX_REASON] if reason is not None else None,
+                    reason_kind=_str(ev.data, "reason_kind"),
+                    offered=_offered(ev.data.get("options")),
                 )
         elif ev.type in POLICY_STEPS:
             steps.append((ev.type, request_id))
@@ -556,6 +637,7 @@ def human_analytics(
         if req is None or req.outcome != "pending":
             continue  # the first outcome journaled decides
         req.outcome = ev.type.removeprefix("human.")
+        _note_choice(req, ev)
         waited = ev.data.get("waited_s")
         if isinstance(waited, int | float) and not isinstance(waited, bool) and math.isfinite(waited):
             req.waited_s = max(float(waited), 0.0)
@@ -607,7 +689,119 @@ def human_analytics(
         by_agent=breakdown("agent"),
         by_trigger=breakdown("trigger_id"),
         by_stage=by_stage(),
+        by_reason_kind=_by_reason_kind(runs, reqs),
+        top_reasons=_top_reasons(reqs, run_by_id, top),
     )
+
+
+def _offered(options: Any) -> tuple[tuple[str, str | None], ...]:
+    """A human.requested's options as (id, label), skipping anything that is not one."""
+    if not isinstance(options, list):
+        return ()
+    return tuple(
+        (o["id"], _str(o, "label")) for o in options if isinstance(o, dict) and isinstance(o.get("id"), str) and o["id"]
+    )
+
+
+def _note_choice(req: _Request, ev: EventRow) -> None:
+    """What the outcome ``ev`` chose: a person's option or free text (human.answered), or the timeout policy's
+    default option (human.expired action default)."""
+    if ev.type == "human.answered":
+        answer = ev.data.get("answer")
+        if isinstance(answer, dict) and answer.get("type") == "option" and (option := _str(answer, "option_id")):
+            req.chosen, req.chosen_label = option, _str(answer, "label")
+        elif isinstance(answer, dict) and answer.get("type") == "text":
+            req.chosen = ""
+    elif ev.type == "human.expired" and ev.data.get("action") == "default":
+        default = ev.data.get("default_answer")
+        if isinstance(default, dict) and (option := _str(default, "option_id")):
+            req.defaulted = option
+
+
+def _choices(members: Sequence[_Request]) -> list[OptionChoice]:
+    """Every option the group offered (labels as most recently offered) and any an answer chose, with how often a
+    person chose it: most chosen first, then in the order first offered."""
+    order: dict[str, int] = {}
+    labels: dict[str, str | None] = {}
+    offered: Counter[str] = Counter()
+    for q in sorted(members, key=lambda q: q.asked_at):
+        for option_id, label in q.offered:
+            order.setdefault(option_id, len(order))
+            labels[option_id] = label or labels.get(option_id)
+            offered[option_id] += 1
+    chosen: Counter[str] = Counter(q.chosen for q in members if q.chosen)
+    defaulted: Counter[str] = Counter(q.defaulted for q in members if q.defaulted)
+    for q in members:  # an option no request offered (an answer naming another id): after the offered ones
+        for picked in (q.chosen, q.defaulted):
+            if picked:
+                order.setdefault(picked, len(order) + 1_000_000)
+                labels.setdefault(picked, q.chosen_label if picked == q.chosen else None)
+    answered = sum(1 for q in members if q.chosen is not None)
+    ids = sorted(order, key=lambda i: (-chosen[i], order[i], i))
+    return [
+        OptionChoice(
+            option_id=i,
+            label=labels.get(i),
+            offered=offered[i],
+            chosen=chosen[i],
+            defaulted=defaulted[i],
+            share=round(chosen[i] / answered, 4) if answered else None,
+        )
+        for i in ids
+    ]
+
+
+def _most_frequent(values: Iterable[tuple[str | None, datetime]]) -> str | None:
+    """The most frequent non-null value, ties to the most recent, then the smallest."""
+    counts: Counter[str] = Counter()
+    latest: dict[str, datetime] = {}
+    for value, at in values:
+        if value is not None:
+            counts[value] += 1
+            latest[value] = max(latest.get(value, at), at)
+    return min(counts, key=lambda v: (-counts[v], -latest[v].timestamp(), v), default=None)
+
+
+def _by_reason_kind(runs: Sequence[RunRow], reqs: Sequence[_Request]) -> list[ReasonKindBreakdown]:
+    known = {r.run_id for r in runs}
+    asked = [q for q in reqs if q.run_id in known]
+    kinds = Counter(q.reason_kind for q in asked)
+    rows = []
+    for kind in sorted(kinds, key=lambda k: (k is None, -kinds[k], k or "")):
+        members = [q for q in asked if q.reason_kind == kind]
+        answered = sorted(q.waited_s for q in members if q.outcome == "answered" and q.waited_s is not None)
+        rows.append(
+            ReasonKindBreakdown(reason_kind=kind, wait_p50_s=_percentile(answered, 50), **_counts(runs, members))
+        )
+    return rows
+
+
+def _top_reasons(reqs: Sequence[_Request], run_by_id: dict[str, RunRow], top: int) -> list[ReasonCount]:
+    """The ``top`` biggest groups of the reasons given, by (:func:`question_shape` of the reason, kind): count
+    descending, then shape and kind ascending (not given last)."""
+    known = [q for q in reqs if q.run_id in run_by_id]
+    groups: dict[tuple[str, str | None], list[_Request]] = {}
+    for q in known:
+        if q.reason is not None:
+            groups.setdefault((question_shape(q.reason), q.reason_kind), []).append(q)
+    total = len(known)
+    rows = []
+    ordered = sorted(groups.items(), key=lambda g: (-len(g[1]), g[0][0], g[0][1] is None, g[0][1] or ""))
+    for (shape, kind), members in ordered[:top]:
+        answered = sorted(q.waited_s for q in members if q.outcome == "answered" and q.waited_s is not None)
+        rows.append(
+            ReasonCount(
+                reason=_most_frequent((q.reason, q.asked_at) for q in members) or "",
+                shape=shape,
+                reason_kind=kind,
+                count=len(members),
+                share=round(len(members) / total, 4) if total else 0.0,
+                answered=sum(1 for q in members if q.outcome == "answered"),
+                expired=sum(1 for q in members if q.outcome == "expired"),
+                wait_p50_s=_percentile(answered, 50),
+            )
+        )
+    return rows
 
 
 def _top_questions(reqs: Sequence[_Request], run_by_id: dict[str, RunRow], top: int) -> list[QuestionCount]:
@@ -640,6 +834,11 @@ def _top_questions(reqs: Sequence[_Request], run_by_id: dict[str, RunRow], top: 
                 trigger_id=trigger_id,
                 share=round(len(members) / total, 4),
                 distinct=len(texts),
+                reason=_most_frequent((q.reason, q.asked_at) for q in members),
+                reason_kind=_most_frequent((q.reason_kind, q.asked_at) for q in members),
+                answered=sum(1 for q in members if q.chosen is not None),
+                choices=_choices(members),
+                free_text=sum(1 for q in members if q.chosen == ""),
             )
         )
     return rows

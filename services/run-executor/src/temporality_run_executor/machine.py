@@ -1852,6 +1852,8 @@ def _human_requested(run: RunRecord, pending: PendingAsk, agent: Agent, redactor
         recipient=args.recipient,
         question=args.question,
         context=args.context,
+        reason=args.reason,  # OBS-1: why the agent asks, for the journal's analytics
+        reason_kind=args.reason_kind,
         options=args.options,
         timeout_s=timeout,
         expires_at=pending.asked_at + timedelta(seconds=timeout),
@@ -2157,9 +2159,14 @@ def _plan_call(
         call_id=call.id,
         turn=turn,
         asked_at=now,
-        arguments={**args.model_dump(mode="json"), "wait_for": policy},
+        # OBS-1's reason fields only when given: an ask without them checkpoints as before they existed
+        arguments={**args.model_dump(mode="json", exclude=_unset_reason(args)), "wait_for": policy},
     )
     return Ask(pending)
+
+
+def _unset_reason(args: AskHumanArgs) -> set[str]:
+    return {name for name in ("reason", "reason_kind") if getattr(args, name) is None}
 
 
 def ask_request_id(run_id: str, turn: int, index: int) -> str:

@@ -53,9 +53,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from temporality_protocol import (
     ASK_TIMEOUT_DEFAULT_S,
+    MAX_REASON,
     CollaboratorsQuery,
     CollaboratorsReply,
     EventData,
+    HumanAskKind,
     HumanNotifyRequested,
     HumanOption,
     derive_id,
@@ -177,13 +179,41 @@ WaitFor = Literal["all", "first"]
 
 
 class AskHumanArgs(BaseModel):
-    """HUM-1: ``ask_human(recipient, question, context, options, timeout)``."""
+    """HUM-1: ``ask_human(recipient, question, context, reason, reason_kind, options, timeout, wait_for)``.
+
+    OBS-1: ``reason`` and ``reason_kind`` (optional) say why the agent asks; the run-executor copies them into
+    ``human.requested`` for the journal's analytics (which knowledge is missing, which decisions are delegated).
+    A reason over :data:`~temporality_protocol.MAX_REASON` characters is refused like any bad argument."""
 
     model_config = ConfigDict(extra="forbid")
 
     recipient: Annotated[str, Field(pattern=RECIPIENT, description=RECIPIENT_HELP)]
     question: Annotated[str, Field(min_length=1, max_length=4096)]
     context: Annotated[str, Field(max_length=4096)] = ""
+    reason: (
+        Annotated[
+            str,
+            Field(
+                min_length=1,
+                max_length=MAX_REASON,
+                description=f"Why you ask, as a short phrase (at most {MAX_REASON} characters), e.g. 'release date "
+                "unknown' or 'breaking API change needs sign-off'; operators count these. Explain at length in "
+                "context",
+            ),
+        ]
+        | None
+    ) = None
+    reason_kind: (
+        Annotated[
+            HumanAskKind,
+            Field(
+                description="What you need from the person: missing_knowledge (a fact only a person knows), "
+                "decision (a choice you may not or cannot make yourself), approval (sign-off for an action you are "
+                "about to take), ambiguity (the task or input is unclear or contradictory)"
+            ),
+        ]
+        | None
+    ) = None
     options: list[HumanOption] = Field(default_factory=list, max_length=10)
     timeout: Annotated[int, Field(gt=0, description="Seconds to wait; capped by the trigger's policy")] | None = None
     #: HUM-7: how a turn with several ``ask_human`` calls continues (every call of the turn that sets it must
@@ -607,8 +637,8 @@ BUILTIN_TOOLS: tuple[Tool, ...] = (
         name=ASK_HUMAN,
         description="Ask a person a compact, self-contained question and wait (durably, at no cost) for the "
         "answer, which comes back as this tool's result. Name a person (user:<id>) or a group (group:<id>: "
-        "every member is asked, the first answer counts), never a channel. Several "
-        "calls in one reply ask them all at once; see wait_for.",
+        "every member is asked, the first answer counts), never a channel. Say why you ask in reason and "
+        "reason_kind. Several calls in one reply ask them all at once; see wait_for.",
         parameters=AskHumanArgs.model_json_schema(),
     ),
     Tool(

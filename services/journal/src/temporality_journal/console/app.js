@@ -2966,6 +2966,52 @@ function stages(rows) {
         h("td", { class: "num" }, r.pending), h("td", { class: "num" }, duration(r.wait_p50_s)))))));
 }
 
+// OBS-1 "which knowledge is missing, which decisions are delegated": why agents ask (ask_human's reason_kind and
+// reason), and for each of the most delegated questions which options people chose (answers per option).
+// Self-contained: one call in analyticsView's render.
+const REASON_KINDS = { missing_knowledge: "missing knowledge", decision: "decision", approval: "approval",
+  ambiguity: "ambiguity" };
+function delegation(a) {
+  const kindName = (k) => (k === null || k === undefined ? "not given" : REASON_KINDS[k] ?? k);
+  const kinds = a.by_reason_kind ?? [];
+  const reasons = a.top_reasons ?? [];
+  const questions = (a.top_questions ?? []).filter((q) => q && typeof q === "object");
+  const chosen = questions.filter((q) => (q.choices ?? []).length || q.free_text);
+  const num = (v) => h("td", { class: "num" }, v ?? "—");
+  const percent = (x) => (x === null || x === undefined ? "—" : `${Math.round(x * 1000) / 10} %`);
+  return h("div", { id: "delegation" },
+    h("h2", { id: "why-agents-ask" }, "Why agents ask"),
+    kinds.length ? [
+      bars(kinds.map((k) => [kindName(k.reason_kind), k.requests_total])),
+      h("table", { class: "reason-kinds" },
+        h("thead", {}, h("tr", {}, h("th", {}, "Kind"), h("th", { class: "num" }, "Questions"),
+          h("th", { class: "num" }, "Runs"), h("th", { class: "num" }, "Answered"), h("th", { class: "num" }, "Expired"),
+          h("th", { class: "num" }, "Pending"), h("th", { class: "num" }, "Median wait"))),
+        h("tbody", {}, kinds.map((k) => h("tr", { dataset: { kind: k.reason_kind ?? "" } },
+          h("th", { scope: "row" }, kindName(k.reason_kind)), num(k.requests_total), num(k.runs_asked),
+          num(k.answered), num(k.expired), num(k.pending), num(duration(k.wait_p50_s)))))),
+    ] : h("p", { class: "empty" }, "No questions yet."),
+    reasons.length
+      ? h("ol", { class: "top-reasons", id: "top-reasons" }, reasons.map((r) => h("li", {},
+        uncut(r.reason), ` — ${r.count}×`, h("span", { class: "muted" }, ` (${kindName(r.reason_kind)})`))))
+      : h("p", { class: "muted" }, "No agent gave a reason yet (ask_human's reason)."),
+    h("h2", { id: "what-people-chose" }, "What people chose"),
+    chosen.length ? h("div", { id: "choices" }, chosen.map((q) => h("section", { class: "choice" },
+      h("h3", {}, uncut(q.question ?? "—"), h("span", { class: "muted" }, ` — ${q.answered ?? 0} answered of ${q.count}`)),
+      q.reason ? h("p", { class: "muted" }, `Why asked: ${q.reason} (${kindName(q.reason_kind)})`) : null,
+      h("table", { class: "choices" },
+        h("thead", {}, h("tr", {}, h("th", {}, "Option"), h("th", { class: "num" }, "Chosen"),
+          h("th", { class: "num" }, "Share"), h("th", { class: "num" }, "Timeout default"),
+          h("th", { class: "num" }, "Offered"))),
+        h("tbody", {},
+          (q.choices ?? []).map((c) => h("tr", { dataset: { option: c.option_id } },
+            h("th", { scope: "row" }, c.label ? `${c.label} [${c.option_id}]` : c.option_id), num(c.chosen),
+            num(percent(c.share)), num(c.defaulted), num(c.offered))),
+          q.free_text ? h("tr", { dataset: { option: "" } }, h("th", { scope: "row" }, "free text"),
+            num(q.free_text), num(percent(q.answered ? q.free_text / q.answered : null)), num(""), num("")) : null)))))
+      : h("p", { class: "empty" }, "No answers yet."));
+}
+
 // The Analytics page's periods: the runs created in the last 24 h / 7 d / 30 d (the window slides with each
 // refresh), all of them, or from / before instants -- in the address with their offset (shareable across zones; an older link without one is local time).
 const PERIODS = { "24h": ["the last 24 hours", 24 * 3600], "7d": ["the last 7 days", 7 * 24 * 3600],
@@ -3081,6 +3127,7 @@ function analyticsView(signal, query) {
       h("h2", {}, "Per trigger"), breakdown(a.by_trigger, "Trigger"),
       h("h2", { id: "per-stage" }, "Per stage: the turn of the run a question was asked in"),
       stages(a.by_stage ?? []),
+      delegation(a),
     );
   };
   const load = () => {

@@ -252,6 +252,10 @@ async def test_analytics_has_a_period_in_its_address(
     await expect(page.locator("#analytics-scope")).to_have_text("All runs")
     questions = page.locator("#top-questions li")
     await expect(questions).to_have_count(2)
+    # per trigger: the runs by how they ended beside the questions (UI-2)
+    per_trigger = page.locator("#analytics h2:text-is('Per trigger') + table thead")
+    for column in ("Runs", "Completed", "Failed", "Cancelled", "Asked"):
+        await expect(per_trigger).to_contain_text(column, timeout=WAIT_MS)
 
     await page.locator("#analytics-period").select_option("7d")
     await page.get_by_role("button", name="Show").click()

@@ -20,6 +20,7 @@ from temporality_protocol import (
     derive_id,
     make_event,
 )
+from temporality_testing.waiting import eventually
 
 MakeStory = Callable[..., Any]  # journal_support.RunStory
 Journal = Any  # conftest.Journal
@@ -371,3 +372,35 @@ async def test_new_routes_are_documented(journal: Journal) -> None:
     assert {"state", "trigger_id", "agent", "since", "until", "q", "before", "limit"} <= set(run_params)
     assert all(p.get("description") for p in run_params.values())
     assert "trigger API" in paths["/triggers"]["get"]["description"]
+
+
+async def test_human_analytics_per_trigger_count_the_runs_by_how_they_ended(journal: Journal, story: MakeStory) -> None:
+    """UI-2's successful runs beside the failed and cancelled ones, per trigger (and per agent), in the analytics:
+    the console's "Per trigger" table shows them."""
+    done = story(agent="reviewer", trigger_id="ado-pr", at=T0)
+    broke = story(agent="reviewer", trigger_id="ado-pr", at=T0 + timedelta(minutes=1))
+    stopped = story(agent="triager", trigger_id="gh", at=T0 + timedelta(minutes=2))
+    going = story(agent="triager", trigger_id="gh", at=T0 + timedelta(minutes=3))
+    await journal.send(
+        *(s.requested() for s in (done, broke, stopped, going)),
+        *(s.started() for s in (done, broke, stopped, going)),
+        done.completed(),
+        broke.failed(),
+        stopped.cancelled(),
+    )
+    params = {"since": T0.isoformat(), "until": (T0 + timedelta(days=1)).isoformat()}
+
+    async def ended() -> dict[str, Any] | None:
+        body = (await journal.client.get("/analytics/human", params=params)).json()
+        rows = {b["key"]: b for b in body["by_trigger"]}
+        if (rows.get("gh") or {}).get("runs_cancelled") != 1:
+            return None  # not all recorded yet
+        return rows
+
+    rows = await eventually(ended, 30, "the runs' endings in the analytics")
+    assert [
+        (k, r["runs_total"], r["runs_completed"], r["runs_failed"], r["runs_cancelled"]) for k, r in rows.items()
+    ] == [
+        ("ado-pr", 2, 1, 1, 0),
+        ("gh", 2, 0, 0, 1),
+    ]

@@ -407,6 +407,9 @@ class HumanCounts(BaseModel):
 
 class Breakdown(HumanCounts):
     key: str | None = Field(description="The agent or trigger id (null: runs without one)")
+    runs_completed: int = Field(default=0, description="Of runs_total, the runs that completed")
+    runs_failed: int = Field(default=0, description="Of runs_total, the runs that failed")
+    runs_cancelled: int = Field(default=0, description="Of runs_total, the runs that were cancelled")
 
 
 class StageBreakdown(HumanCounts):
@@ -656,7 +659,18 @@ def human_analytics(
         for key in keys:
             key_runs = [r for r in runs if getattr(r, key_of) == key]
             ids = {r.run_id for r in key_runs}
-            rows.append(Breakdown(key=key, **_counts(key_runs, [q for q in reqs if q.run_id in ids])))
+            ended = {
+                state: sum(1 for r in key_runs if r.state == state) for state in ("completed", "failed", "cancelled")
+            }
+            rows.append(
+                Breakdown(
+                    key=key,
+                    runs_completed=ended["completed"],
+                    runs_failed=ended["failed"],
+                    runs_cancelled=ended["cancelled"],
+                    **_counts(key_runs, [q for q in reqs if q.run_id in ids]),
+                )
+            )
         return rows
 
     def by_stage() -> list[StageBreakdown]:

@@ -3096,11 +3096,15 @@ function analyticsView(signal, query) {
       return [b.lt_s === null ? `≥ ${duration(low)}` : `< ${duration(b.lt_s)}`, b.count];
     });
     const breakdown = (rows, label) => h("table", {},
-      h("thead", {}, h("tr", {}, h("th", {}, label), h("th", { class: "num" }, "Runs"), h("th", { class: "num" }, "Asked"),
+      h("thead", {}, h("tr", {}, h("th", {}, label), h("th", { class: "num" }, "Runs"),
+        h("th", { class: "num" }, "Completed"), h("th", { class: "num" }, "Failed"), h("th", { class: "num" }, "Cancelled"),
+        h("th", { class: "num" }, "Asked"),
         h("th", { class: "num" }, "Share"), h("th", { class: "num" }, "Answered"), h("th", { class: "num" }, "Expired"),
         h("th", { class: "num" }, "Withdrawn"), h("th", { class: "num" }, "Pending"),
         h("th", { class: "num" }, "Escalated"))),
       h("tbody", {}, rows.map((r) => h("tr", {}, h("td", {}, r.key ?? "—"), h("td", { class: "num" }, r.runs_total),
+        h("td", { class: "num" }, r.runs_completed ?? "—"), h("td", { class: "num" }, r.runs_failed ?? "—"),
+        h("td", { class: "num" }, r.runs_cancelled ?? "—"),
         h("td", { class: "num" }, r.runs_asked),
         h("td", { class: "num" }, r.asked_share === null ? "—" : `${Math.round(r.asked_share * 100)} %`),
         h("td", { class: "num" }, r.answered), h("td", { class: "num" }, r.expired),

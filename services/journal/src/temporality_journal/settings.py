@@ -189,7 +189,10 @@ class Settings(HttpServiceSettings):
         "the bus; roles from the directory's console_role); needs TEMPORALITY_JOURNAL_SESSION_SECRET_FILE",
     )
     password_max_failures: int = Field(
-        default=5, ge=1, le=1000, description="failed password sign-ins per user id within the window, then 429"
+        default=5,
+        ge=1,
+        le=1000,
+        description="failed password sign-ins per user id from one client address within the window, then 429 (ten times as many for the user id from any addresses)",
     )
     password_max_failures_per_address: int = Field(
         default=20, ge=1, le=100_000, description="failed password sign-ins per client address within the window"

@@ -39,6 +39,7 @@ from temporality_trigger_gateway.adapters import ADAPTERS
 from temporality_trigger_gateway.adapters.base import MAX_DESCRIPTION
 from temporality_trigger_gateway.errors import InvalidPayload
 from temporality_trigger_gateway.store import TriggerRegistry, TriggerStore
+from temporality_trigger_gateway.triggers import WebhookTrigger
 
 TRIGGERS = """
 triggers:
@@ -580,3 +581,27 @@ async def test_real_gitlab_note_and_issue_payloads_through_the_gateway(client: h
         "Comment on MR !1 in gitlab-org/gitlab-test: Tempora et eos debitis quae laborum et.",
         "Issue #23 open in gitlabhq/gitlab-test: New API: create/update/delete file",
     ]
+
+
+def test_the_documented_mention_trigger_skips_the_agents_own_comments() -> None:
+    """docs/webhook-senders.md's ``gh-mentions``: a comment mentioning the bot starts a run, the bot's own does not."""
+    (trigger,) = load_triggers_yaml(
+        """
+triggers:
+  - id: gh-mentions
+    name: Answer review-bot mentions in comments
+    type: webhook
+    adapter: github
+    events: [issue_comment.created]
+    when: "contains(payload.comment.body, '@review-bot') && actor.id != 'review-bot[bot]'"
+    agent: reviewer
+    auth: {type: github, secret: s}
+"""
+    )
+    assert isinstance(trigger, WebhookTrigger)
+    body = fixture_json("github-issue-comment-created.json")
+    assert trigger.filtered(_normalize("github", body, _gh("issue_comment"))) is None
+    own = {**body, "sender": {"login": "review-bot[bot]", "id": 9}}
+    assert trigger.filtered(_normalize("github", own, _gh("issue_comment"))) is not None
+    plain = {**body, "comment": {**body["comment"], "body": "looks good"}}
+    assert trigger.filtered(_normalize("github", plain, _gh("issue_comment"))) is not None

@@ -163,7 +163,9 @@ def test_groups_may_be_allowed_recipients_and_the_timeout_chain_is_read() -> Non
 def test_unknown_adapter_fails_and_lists_the_known_ones() -> None:
     message = _error(GOOD.replace("adapter: azure_devops.pull_request", "adapter: azure_devops.pullrequest"))
     assert "triggers[0] (ado-pr-review).adapter" in message
-    assert "unknown adapter 'azure_devops.pullrequest'; known: azure_devops.pull_request" in message
+    assert (
+        "unknown adapter 'azure_devops.pullrequest'; known: azure_devops.build, azure_devops.pull_request," in message
+    )
 
 
 def test_event_the_adapter_cannot_handle_fails() -> None:

@@ -2010,7 +2010,8 @@ function processingSection(signal, triggerId) {
 // Through the journal's /gateway/ proxy to the trigger-gateway's admin API (docs/console.md): the gateway
 // checks the token (viewer reads and previews, operator enables/disables, admin creates, replaces, deletes).
 const GATEWAY = "/gateway/triggers";
-const ADAPTERS = ["azure_devops.pull_request", "azure_devops.work_item", "github", "gitlab", "generic", "mindmap.test_case"];
+const ADAPTERS = ["azure_devops.pull_request", "azure_devops.work_item", "azure_devops.push", "azure_devops.build", "github",
+  "gitlab", "generic", "mindmap.test_case"];
 const AUTH_TYPES = ["none", "basic", "bearer", "github", "gitlab", "header", "hmac_sha256", "standard_webhooks",
   "mindmap"];
 // The auth types each adapter accepts besides "none" (the gateway's Adapter.auth_types), the first one preselected when
@@ -2019,6 +2020,8 @@ const AUTH_TYPES = ["none", "basic", "bearer", "github", "gitlab", "header", "hm
 const ADAPTER_AUTH = {
   "azure_devops.pull_request": ["basic", "bearer", "header"],
   "azure_devops.work_item": ["basic", "bearer", "header"],
+  "azure_devops.push": ["basic", "bearer", "header"],
+  "azure_devops.build": ["basic", "bearer", "header"],
   github: ["github"],
   gitlab: ["gitlab"],
   generic: ["standard_webhooks", "bearer", "hmac_sha256", "header"],

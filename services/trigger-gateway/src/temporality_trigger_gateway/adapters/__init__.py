@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from temporality_trigger_gateway.adapters.azure_devops import AzureDevOpsPullRequest
+from temporality_trigger_gateway.adapters.azure_devops_build import AzureDevOpsBuild
+from temporality_trigger_gateway.adapters.azure_devops_push import AzureDevOpsPush
 from temporality_trigger_gateway.adapters.azure_devops_work_item import AzureDevOpsWorkItem
 from temporality_trigger_gateway.adapters.base import Adapter, SourceEvent, WebhookRequest
 from temporality_trigger_gateway.adapters.generic import Generic
@@ -16,7 +18,9 @@ from temporality_trigger_gateway.adapters.mindmap import MindmapTestCase
 __all__ = [
     "ADAPTERS",
     "Adapter",
+    "AzureDevOpsBuild",
     "AzureDevOpsPullRequest",
+    "AzureDevOpsPush",
     "AzureDevOpsWorkItem",
     "Generic",
     "GitHub",
@@ -33,6 +37,8 @@ ADAPTERS: Mapping[str, Adapter] = MappingProxyType(
         for a in (
             AzureDevOpsPullRequest(),
             AzureDevOpsWorkItem(),
+            AzureDevOpsPush(),
+            AzureDevOpsBuild(),
             GitHub(),
             GitLab(),
             Generic(),

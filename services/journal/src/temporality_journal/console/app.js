@@ -1394,7 +1394,8 @@ function withdrawnStep(asked, end, step = null) {
     step.kind = "withdrawn";
     step.title = `Question withdrawn: ${WITHDRAWN_BECAUSE[d.reason] ?? d.reason}`;
     step.lines = [["Question", q.question], ["Asked", person(d.recipient)], ["Request", d.request_id],
-      ["Channel", d.channel], ["Open for", duration(d.waited_s)], ["Run's reason", d.run_reason]];
+      ["Channel", d.channel], ["Open for", duration(d.waited_s)],
+      ["Run's reason", d.reason === "run_failed" ? reason("run.failed", d.run_reason) : d.run_reason]];
     return step;
   }
   return {

@@ -78,6 +78,7 @@ from temporality_protocol.events import (
     HumanRejected,
     HumanRejectReason,
     HumanRequested,
+    HumanWithdrawn,
     LaunchSource,
     NormalizedEvent,
     OptionAnswer,
@@ -235,6 +236,11 @@ EXAMPLES: dict[str, EventData] = {
         HumanExpired(
             request_id="hr-1", run_id="run-1", recipient="user:alice", action="default",
             default_answer=OptionAnswer(option_id="keep-v1", label="Keep v1"), waited_s=3600.0,
+        ),
+        HumanWithdrawn(
+            request_id="hr-1", run_id="run-1", recipient="user:alice", channel="telegram", reason="run_failed",
+            run_reason="compute_timeout", asked_at=datetime(2026, 12, 7, 9, 0, tzinfo=UTC),
+            withdrawn_at=datetime(2026, 12, 7, 9, 30, tzinfo=UTC), waited_s=1800.0,
         ),
         HumanReasked(
             request_id="hr-1", run_id="run-1", recipient="user:alice", attempt=1, of=2, channels=["telegram"],

@@ -34,10 +34,12 @@ from temporality_protocol import (
     HumanPolicy,
     HumanRequested,
     HumanRequestState,
+    HumanWithdrawn,
     LaunchSource,
     RunRequested,
     TimeoutPolicy,
     decode,
+    derive_id,
     make_event,
     new_id,
 )
@@ -165,11 +167,14 @@ async def stored(bus: Bus, request_id: str) -> HumanRequestRecord | None:
     return got.value if got is not None else None
 
 
-async def delivered_then_withdrawn(bus: Bus, client: httpx.AsyncClient, request_id: str) -> HumanRequestRecord:
+async def delivered_then_withdrawn(
+    bus: Bus, client: httpx.AsyncClient, request_id: str, reason: str | None = None
+) -> HumanRequestRecord:
     """Alice's request, delivered on the web inbox in its record's create and cancelled since (its run ended or
     withdrew it): the record keeps the delivery, the journal holds its ``human.notified`` exactly once, and alice
-    sees the request withdrawn -- cancelled when she opens it, gone from her inbox, an answer refused. A cancel
-    publishes nothing of its own: the run's end (or ``human.cancel_requested``) is the run-executor's event."""
+    sees the request withdrawn -- cancelled when she opens it, gone from her inbox, an answer refused. The cancel's
+    own event is one ``human.withdrawn`` (``reason`` when given: ``run_completed``, ``not_needed`` ...), never an
+    answer, expiry or rejection."""
     record = await stored(bus, request_id)
     assert record is not None
     assert record.status is HumanRequestState.CANCELLED
@@ -179,6 +184,14 @@ async def delivered_then_withdrawn(bus: Bus, client: httpx.AsyncClient, request_
     assert notified.payload(HumanNotified).request_id == request_id
     for outcome in ("human.answered", "human.expired", "human.rejected"):
         assert await events_of(bus, outcome) == []
+    [withdrawn] = await exactly(bus, "human.withdrawn", settle_s=0.5)
+    payload = withdrawn.payload(HumanWithdrawn)
+    assert (payload.request_id, payload.recipient, payload.channel) == (request_id, "user:alice", "web")
+    assert reason is None or payload.reason == reason
+    assert withdrawn.id == derive_id("evt", request_id, "withdrawn")
+    announced = await stored(bus, request_id)
+    assert announced is not None
+    assert announced.withdrawal_published
     shown = await client.get(f"/requests/{request_id}", headers=ALICE)
     assert (shown.status_code, shown.json()["status"]) == (200, "cancelled")
     assert request_id not in [r["id"] for r in (await client.get("/inbox", headers=ALICE)).json()["requests"]]

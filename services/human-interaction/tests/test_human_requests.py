@@ -323,7 +323,7 @@ async def test_a_run_end_handled_right_after_the_create_leaves_the_web_delivery_
 
     monkeypatch.setattr(handler, "_ended", end_first)
     await handler.handle(event)
-    await delivered_then_withdrawn(bus, client, request_id)
+    await delivered_then_withdrawn(bus, client, request_id, reason="run_completed")
 
 
 async def test_an_intake_that_loses_the_create_counts_no_web_delivery_and_announces_the_stored_one(

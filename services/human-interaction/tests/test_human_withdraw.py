@@ -5,12 +5,20 @@ a late answer refused -- only if it is that run's; one withdrawn before it was s
 from __future__ import annotations
 
 import httpx
-from human_support import ALICE, delivered_then_withdrawn, events_of, requested, stored
+from human_support import ALICE, delivered_then_withdrawn, events_of, exactly, requested, stored
 
-from temporality_bus import Bus
+from temporality_bus import Bus, evolve
+from temporality_human_interaction.records import open_store
 from temporality_human_interaction.requests import RequestHandler
 from temporality_human_interaction.runs import RunEndHandler
-from temporality_protocol import Envelope, HumanCancelRequested, HumanRequestState, make_event
+from temporality_protocol import (
+    Envelope,
+    HumanCancelRequested,
+    HumanRequestState,
+    HumanWithdrawn,
+    RunFailed,
+    make_event,
+)
 
 
 def _withdrawal(run_id: str, *request_ids: str) -> Envelope:
@@ -36,6 +44,19 @@ async def test_a_withdrawn_request_is_cancelled_and_its_late_answer_refused(
     late = await client.post(f"/requests/{request_id}/answer", json={"option_id": "keep-v1"}, headers=ALICE)
     assert late.status_code == 409
     assert await events_of(bus, "human.answered") == []
+    [withdrawn] = await exactly(bus, "human.withdrawn")  # one, through the redelivery
+    payload = withdrawn.payload(HumanWithdrawn)
+    assert (payload.request_id, payload.run_id, payload.recipient, payload.channel) == (
+        request_id,
+        run_id,
+        "user:alice",
+        "web",
+    )
+    assert (payload.reason, payload.run_reason) == ("not_needed", None)
+    assert payload.asked_at == record.created_at
+    assert payload.withdrawn_at == record.ended_at
+    assert payload.waited_s == record.waited_s(payload.withdrawn_at)
+    assert withdrawn.causationid == record.requested_event_id
 
 
 async def test_a_run_cannot_withdraw_another_run_s_request(bus: Bus, handler: RequestHandler) -> None:
@@ -46,6 +67,7 @@ async def test_a_run_cannot_withdraw_another_run_s_request(bus: Bus, handler: Re
     record = await stored(bus, request_id)
     assert record is not None
     assert record.status is HumanRequestState.PENDING
+    assert await events_of(bus, "human.withdrawn", settle_s=0.5) == []
 
 
 async def test_a_request_withdrawn_before_it_was_stored_is_cancelled_at_intake(
@@ -57,4 +79,30 @@ async def test_a_request_withdrawn_before_it_was_stored_is_cancelled_at_intake(
     request_id, run_id = str(asked.data["request_id"]), str(asked.data["run_id"])
     await RunEndHandler(bus).handle(_withdrawal(run_id, request_id))
     await handler.handle(asked)  # human.requested consumed after the withdrawal
-    await delivered_then_withdrawn(bus, client, request_id)
+    await delivered_then_withdrawn(bus, client, request_id, reason="not_needed")
+
+
+async def test_a_run_that_fails_with_a_question_open_withdraws_it_with_one_event(
+    bus: Bus, client: httpx.AsyncClient, handler: RequestHandler
+) -> None:
+    """OBS-1: the run's end cancels the question and says so with one ``human.withdrawn`` (``run_failed``, the run's
+    own reason): a redelivered end publishes nothing more, and an end handled again after a crash between the
+    publish and the record's mark publishes the same event (one id: JetStream keeps one)."""
+    asked = requested()
+    request_id, run_id = str(asked.data["request_id"]), str(asked.data["run_id"])
+    await handler.handle(asked)
+    end = make_event(RunFailed(run_id=run_id, reason="compute_timeout", error="30 min"), source="/t", run_id=run_id)
+    await RunEndHandler(bus).handle(end)
+    await RunEndHandler(bus).handle(end)  # a redelivery
+    [withdrawn] = await exactly(bus, "human.withdrawn")
+    payload = withdrawn.payload(HumanWithdrawn)
+    assert (payload.request_id, payload.reason, payload.run_reason) == (request_id, "run_failed", "compute_timeout")
+    store = await open_store(bus)
+    await store.modify(request_id, lambda r: evolve(r, withdrawal_published=False))  # the crash before the mark
+    await RunEndHandler(bus).handle(end)
+    [again] = await exactly(bus, "human.withdrawn")
+    assert again.id == withdrawn.id
+    record = await stored(bus, request_id)
+    assert record is not None
+    assert record.withdrawal_published
+    assert (record.withdrawn_because, record.withdrawn_run_reason) == ("run.failed", "compute_timeout")

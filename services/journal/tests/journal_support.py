@@ -31,6 +31,7 @@ from temporality_protocol import (
     HumanNotified,
     HumanPolicy,
     HumanRequested,
+    HumanWithdrawn,
     LaunchSource,
     RunCancelled,
     RunCompleted,
@@ -389,6 +390,28 @@ class RunStory:
 
     def cancelled(self) -> Envelope:
         return self._event(RunCancelled(run_id=self.run_id, reason="by user:bob"), "cancelled")
+
+    def withdrawn(
+        self, reason: str = "run_cancelled", *, channel: str | None = "web", waited_s: float = 120
+    ) -> Envelope:
+        """``human.withdrawn`` as human-interaction publishes it for the story's question (its id derived from the
+        request id, as human-interaction's is)."""
+        at = self.at + timedelta(seconds=1)  # the event's time (``_event`` moves the clock by one second)
+        data = HumanWithdrawn.model_validate(
+            {
+                "request_id": self.request_id,
+                "run_id": self.run_id,
+                "recipient": "user:alice",
+                "channel": channel,
+                "reason": reason,
+                "run_reason": "by user:bob" if reason == "run_cancelled" else None,
+                "asked_at": at - timedelta(seconds=waited_s),
+                "withdrawn_at": at,
+                "waited_s": waited_s,
+            }
+        )
+        event = self._event(data, f"withdrawn.{self.request_id}")
+        return event.model_copy(update={"id": derive_id("evt", self.request_id, "withdrawn")})
 
 
 def rerun_events(original: RunStory, rerun_id: str, *, by: str = "oncall", n: int = 1) -> tuple[Envelope, Envelope]:

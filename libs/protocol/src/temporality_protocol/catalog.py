@@ -907,6 +907,7 @@ SERVICES: dict[str, ServiceSpec] = {
                 "human.answered",
                 "human.answer_refused",  # a late, foreign or second answer: journaled, never applied (HUM-7)
                 "human.expired",
+                "human.withdrawn",  # a question still open when its run ended (or no longer needed it, HUM-7)
                 "human.reasked",  # the timeout policy chain (HUM-8): a reminder
                 "human.escalated",  # ... the question forwarded to the escalation target
                 "human.rejected",

@@ -105,6 +105,8 @@ __all__ = [
     "HumanRejectReason",
     "HumanRejected",
     "HumanRequested",
+    "HumanWithdrawReason",
+    "HumanWithdrawn",
     "LaunchSource",
     "NormalizedEvent",
     "OptionAnswer",
@@ -881,6 +883,38 @@ class HumanExpired(EventData):
     action: Literal["fail", "default", "cancel"]
     default_answer: OptionAnswer | None = None
     waited_s: float
+
+
+#: Why human-interaction withdrew a question still open (``human.withdrawn``'s ``reason``): its run ended
+#: (``run.completed`` / ``run.failed`` / ``run.cancelled``: a run that timed out is ``run_failed``, its
+#: ``run_reason`` says ``compute_timeout`` or ``stalled``), or the run no longer needed it (``not_needed``,
+#: ``human.cancel_requested``: another question of a ``wait_for: first`` turn was answered first, HUM-7).
+HumanWithdrawReason = Literal["run_completed", "run_failed", "run_cancelled", "not_needed"]
+
+
+class HumanWithdrawn(EventData):
+    """HUM-7/OBS-1: a question still open that human-interaction withdrew because its run ended or no longer
+    needs it: from now on nobody can answer it (a late answer is refused ``cancelled``), and the messages that
+    carried it say so. One per request (its id is derived from the request id), published before the consumer's
+    ack and recorded on the request, so a redelivery or a restart of human-interaction never makes two. Questions
+    withdrawn before this event existed (before 2026-12-07) have none: the journal reads them from the run's end."""
+
+    EVENT_TYPE: ClassVar[str] = "human.withdrawn"
+    request_id: str
+    run_id: str
+    recipient: str = Field(description="`user:<id>` or `group:<id>`, as the agent named it")
+    channel: str | None = Field(
+        default=None, description="The channel that carried the question; None: it was never delivered"
+    )
+    reason: HumanWithdrawReason
+    run_reason: Annotated[str, Field(max_length=500)] | None = Field(
+        default=None,
+        description="The run's own reason when it ended (run.failed's / run.cancelled's `reason`, e.g. "
+        "`compute_timeout`); None for a completed run, a withdrawal (not_needed), or when it was not known",
+    )
+    asked_at: datetime = Field(description="When the agent asked (the human.requested's time)")
+    withdrawn_at: datetime = Field(description="When human-interaction withdrew it")
+    waited_s: float = Field(description="How long it was open: withdrawn_at - asked_at, in seconds")
 
 
 class HumanReasked(EventData):
@@ -2151,6 +2185,7 @@ EVENT_MODELS: dict[str, type[EventData]] = {
         HumanAnswered,
         HumanAnswerRefused,
         HumanExpired,
+        HumanWithdrawn,
         HumanReasked,
         HumanEscalated,
         HumanDirectoryChanged,

@@ -8,7 +8,7 @@ call republishes the same id and JetStream (and the journal) keep one copy.
 from __future__ import annotations
 
 import hashlib
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Literal
 
 from temporality_human_interaction.records import HumanRequestRecord
@@ -29,6 +29,8 @@ from temporality_protocol import (
     HumanRejected,
     HumanRejectReason,
     HumanRequested,
+    HumanWithdrawn,
+    HumanWithdrawReason,
     OptionAnswer,
     RunCancelRequested,
     derive_id,
@@ -54,6 +56,8 @@ __all__ = [
     "rejected_event",
     "rejected_event_of",
     "responder_display_name",
+    "withdraw_reason",
+    "withdrawn_event",
 ]
 
 SERVICE = "human-interaction"
@@ -216,6 +220,50 @@ def expired_event(record: HumanRequestRecord, *, now: datetime) -> Envelope:
         ),
         source=SOURCE,
         id=derive_id("evt", record.request_id, "expired"),
+        run_id=record.run_id,
+        correlation_id=record.correlation_id,
+        tenant=record.tenant,
+        causation_id=record.requested_event_id,
+        traceparent=record.traceparent,
+        tracestate=record.tracestate,
+        actor=ACTOR,
+    )
+
+
+#: What ended the question (``cancel_pending``'s ``because``: the run's end event type, or ``not_needed``) as
+#: ``human.withdrawn``'s ``reason``.
+_WITHDRAW_REASONS: dict[str, HumanWithdrawReason] = {
+    "run.completed": "run_completed",
+    "run.failed": "run_failed",
+    "run.cancelled": "run_cancelled",
+    "not_needed": "not_needed",
+}
+
+
+def withdraw_reason(because: str | None) -> HumanWithdrawReason | None:
+    """``human.withdrawn``'s reason for a cancellation ``because`` (None: not a withdrawal this event names)."""
+    return _WITHDRAW_REASONS.get(because or "")
+
+
+def withdrawn_event(record: HumanRequestRecord, *, reason: HumanWithdrawReason, run_reason: str | None) -> Envelope:
+    """``human.withdrawn`` for a request cancelled with its run (or no longer needed by it): once per request
+    (the id is derived from the request id alone); its data comes from the stored record, so a republish after a
+    crash carries the same facts."""
+    withdrawn_at = record.ended_at or datetime.now(UTC)
+    return make_event(
+        HumanWithdrawn(
+            request_id=record.request_id,
+            run_id=record.run_id,
+            recipient=record.recipient,
+            channel=record.channel,
+            reason=reason,
+            run_reason=run_reason[:500] if run_reason else None,
+            asked_at=record.created_at,
+            withdrawn_at=withdrawn_at,
+            waited_s=record.waited_s(withdrawn_at),
+        ),
+        source=SOURCE,
+        id=derive_id("evt", record.request_id, "withdrawn"),
         run_id=record.run_id,
         correlation_id=record.correlation_id,
         tenant=record.tenant,

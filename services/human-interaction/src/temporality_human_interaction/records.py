@@ -121,6 +121,13 @@ class HumanRequestRecord(BaseModel):
     answer_published: bool = False
     #: Set once ``human.expired`` is on the bus, so a crash between the CAS and the publish is repaired.
     expiry_published: bool = False
+    #: Why the run withdrew it, when it was cancelled so (``cancel_pending``'s ``because``: ``run.completed``,
+    #: ``run.failed``, ``run.cancelled``, ``not_needed``) and the run's own reason (``run.failed.reason`` ...):
+    #: what ``human.withdrawn`` says, however often it is published. None on a record cancelled before 2026-12-07.
+    withdrawn_because: str | None = None
+    withdrawn_run_reason: str | None = None
+    #: Set once ``human.withdrawn`` is on the bus (after the publish): a redelivery publishes it only while unset.
+    withdrawal_published: bool = False
     #: The ``human.requested`` event this record came from: causation of everything published about it.
     requested_event_id: str | None = None
     #: The saga the run belongs to (the incoming event's ``correlationid``).

@@ -43,12 +43,13 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from temporality_bus import Bus, Delivery, NotFound
+from temporality_bus import Bus, Delivery, NotFound, evolve
 from temporality_bus.listing import stored_keys
 from temporality_human_interaction.channels.refs import BUCKET_HUMAN_CHANNELS, ChannelRefs, ids_of, ref_key
+from temporality_human_interaction.events import withdraw_reason, withdrawn_event
 from temporality_human_interaction.inbox import unindex
 from temporality_human_interaction.mirror import ChannelMirror
-from temporality_human_interaction.records import HumanRequestRecord, open_store
+from temporality_human_interaction.records import HumanRequestRecord, RequestStore, open_store
 from temporality_protocol import Envelope, HumanCancelRequested, HumanRequestState
 
 if TYPE_CHECKING:
@@ -141,19 +142,34 @@ async def cancel_pending(
     mirror: ChannelMirror | None = None,
     *,
     run_id: str | None = None,
+    run_reason: str | None = None,
 ) -> HumanRequestRecord | None:
     """Cancel ``request_id`` if it is pending; show the outcome when it is (now or already) cancelled.
 
+    ``because``: the run's end event type (``run.completed`` ...) or ``not_needed`` (HUM-7), stored on the record
+    with ``run_reason`` (the run's own, ``run.failed.reason`` ...) by the compare-and-set that cancels it.
     ``observer`` is told the cancelled request once, by the call whose compare-and-set cancelled it.
     ``mirror``: passed to :func:`~.inbox.unindex` (the run entry's mark). ``run_id``: only a request of that
     run is cancelled (another run's is left alone: an index entry under a run that does not own the id).
-    A delivery the record holds stays in it (the person was reached: the web inbox listed it from its create)."""
+    A delivery the record holds stays in it (the person was reached: the web inbox listed it from its create).
+
+    ``human.withdrawn`` (OBS-1) is published, with the id derived from the request id, by every call that finds
+    the request cancelled while the record does not say it was published yet, then the record says so
+    (``withdrawal_published``): a crash in between republishes the same event (deduplicated by its id), and a
+    caller that acks its message after this call never acks a withdrawal nobody was told of."""
     store = await open_store(bus)
-    try:
-        result = await store.modify(
-            request_id,
-            lambda r: r.moved_to(HumanRequestState.CANCELLED) if r.pending and run_id in (None, r.run_id) else None,
+
+    def cancel(r: HumanRequestRecord) -> HumanRequestRecord | None:
+        if not r.pending or run_id not in (None, r.run_id):
+            return None
+        return r.moved_to(
+            HumanRequestState.CANCELLED,
+            withdrawn_because=because,
+            withdrawn_run_reason=run_reason[:500] if run_reason else None,
         )
+
+    try:
+        result = await store.modify(request_id, cancel)
     except NotFound:
         return None
     record = result.value
@@ -166,9 +182,33 @@ async def cancel_pending(
     if result.changed and observer is not None:
         observer.ended(record)
     await unindex(bus, record, mirror)
+    record = await _announce_withdrawal(bus, store, record, because)
     if on_outcome is not None:
         await on_outcome(record)
     return record
+
+
+async def _announce_withdrawal(
+    bus: Bus, store: RequestStore, record: HumanRequestRecord, because: str
+) -> HumanRequestRecord:
+    """Publish ``human.withdrawn`` for the cancelled ``record`` unless it says that was done, then record it.
+    A request the intake gave up on (``intake_failed``: its ``human.rejected`` says so) is not one."""
+    if record.withdrawal_published or record.intake_failed is not None:
+        return record
+    # the reason the cancelling compare-and-set stored; a record cancelled by an older version has none: this call's
+    reason = withdraw_reason(record.withdrawn_because or because)
+    if reason is None:  # pragma: no cover - every caller passes a run end or not_needed
+        log.warning("request.withdrawal_unnamed", request_id=record.request_id, because=because)
+        return record
+    await bus.publish(withdrawn_event(record, reason=reason, run_reason=record.withdrawn_run_reason))
+    log.info("request.withdrawal_published", request_id=record.request_id, reason=reason)
+    try:
+        marked = await store.modify(
+            record.request_id, lambda r: None if r.withdrawal_published else evolve(r, withdrawal_published=True)
+        )
+    except NotFound:  # pragma: no cover - requests are deleted only long after they ended (retention)
+        return record
+    return marked.value
 
 
 class RunEndHandler:
@@ -207,12 +247,21 @@ class RunEndHandler:
             marked = await refs.create(ref_key("runend", run_id), event.type)
             if marked is None:  # a redelivery (or another replica's): as it is
                 await refs.claim(ref_key("runend", run_id), event.type)
+            reason = event.data.get("reason")  # run.failed's / run.cancelled's: human.withdrawn's run_reason
+            run_reason = reason if isinstance(reason, str) and reason else None
             for request_id in await self._requests_of(run_id, marked):
                 if self._ended_otherwise(run_id, request_id):
                     continue
                 # not stored yet (None): its intake reads this marker once it has stored it, and cancels it
                 await cancel_pending(
-                    self._bus, request_id, event.type, self._on_outcome, self._observer, self._mirror, run_id=run_id
+                    self._bus,
+                    request_id,
+                    event.type,
+                    self._on_outcome,
+                    self._observer,
+                    self._mirror,
+                    run_id=run_id,
+                    run_reason=run_reason,
                 )
 
     async def _requests_of(self, run_id: str, marked: int | None) -> list[str]:

@@ -58,6 +58,7 @@ HUMAN_TYPES = (
     "human.answered",
     "human.expired",
     "human.rejected",
+    "human.withdrawn",  # OBS-1: a question still open that its run's end (or HUM-7) withdrew (since 2026-12-07)
     "human.reasked",
     "human.escalated",
 )
@@ -69,8 +70,9 @@ POLICY_STEPS = frozenset({"human.reasked", "human.escalated"})
 #: The trigger.rejected reasons the gateway answers HTTP 200 ``ignored`` for (a ping, an event type the trigger
 #: does not list, a disabled trigger, its condition false): the trigger does not take them, nothing failed.
 IGNORED_REASONS = frozenset({"unsupported_event", "disabled", "filtered"})
-#: The run states after which a question still open was withdrawn (human-interaction cancels a run's open
-#: questions when it ends, with no human.* event: the run's end is the record).
+#: The run states after which a question still open was withdrawn: human-interaction cancels a run's open
+#: questions when it ends and publishes ``human.withdrawn`` (the outcome then, like any other); a question of a
+#: run that ended before that event existed (2026-12-07) has none, and is read as withdrawn from the run's end.
 RUN_ENDED = frozenset({RunState.COMPLETED.value, RunState.FAILED.value, RunState.CANCELLED.value})
 #: Upper bounds (seconds, exclusive) of the wait-time histogram's buckets; the last bucket is open.
 WAIT_BUCKETS_S: tuple[float, ...] = (60, 300, 900, 3600, 4 * 3600, 24 * 3600)
@@ -395,10 +397,13 @@ class HumanCounts(BaseModel):
     rejected: int
     withdrawn: int = Field(
         default=0,
-        description="Requests with no answer, expiry or rejection journaled whose run ended (completed, failed, "
-        "cancelled): human-interaction withdrew them with the run",
+        description="Requests human-interaction withdrew: a human.withdrawn journaled (the run ended with them open, "
+        "or no longer needed them, HUM-7); for history before that event, requests with no outcome journaled whose "
+        "run ended (completed, failed, cancelled). Each request counts once",
     )
-    pending: int = Field(description="Requests with no answer, expiry or rejection journaled, of a run not ended")
+    pending: int = Field(
+        description="Requests with no answer, expiry, rejection or withdrawal journaled, of a run not ended"
+    )
     escalated: int = Field(
         default=0, description="Requests the timeout policy escalated (human.escalated) to someone else"
     )
@@ -650,7 +655,9 @@ def human_analytics(
     for req in requests.values():
         run = run_by_id.get(req.run_id)
         if req.outcome == "pending" and run is not None and run.state in RUN_ENDED:
-            req.outcome = "withdrawn"  # the run ended with it open: withdrawn with the run, never answered
+            # the run ended with it open and no human.withdrawn says so (journaled before the event existed):
+            # withdrawn with the run, never answered -- counted once either way (one outcome per request)
+            req.outcome = "withdrawn"
     reqs = list(requests.values())
 
     def breakdown(key_of: str) -> list[Breakdown]:

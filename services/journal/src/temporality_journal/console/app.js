@@ -1106,12 +1106,14 @@ function sandboxSummary(sandbox) {
 // (or up to now while the run still waits). Every step's event is one click away (details).
 export function timeline(events, run, now = Date.now()) {
   const steps = [];
-  const outcomes = new Map(); // request_id -> the first human.answered / expired / rejected
+  const outcomes = new Map(); // request_id -> the first human.answered / expired / rejected / withdrawn
+  const asks = new Map(); // request_id -> its human.requested (the question a human.withdrawn step quotes)
   for (const e of events) {
-    if (["human.answered", "human.expired", "human.rejected"].includes(e.type)) {
-      const id = e.data.request_id;
-      if (id && !outcomes.has(id)) outcomes.set(id, e);
-    }
+    const id = e.data?.request_id;
+    if (!id) continue;
+    if (["human.answered", "human.expired", "human.rejected", "human.withdrawn"].includes(e.type)) {
+      if (!outcomes.has(id)) outcomes.set(id, e);
+    } else if (e.type === "human.requested" && !asks.has(id)) asks.set(id, e);
   }
   // Deliveries with an outcome in the run: their trigger.received reads in that outcome's step ("Trigger …" when
   // accepted, "Duplicate delivery ignored" …), so a redelivered webhook is one step, not two raw ones.
@@ -1133,8 +1135,8 @@ export function timeline(events, run, now = Date.now()) {
     }
     if (e.type === "human.requested" && d.request_id && !outcomes.has(d.request_id)) open.set(d.request_id, e);
     if (RUN_ENDS[e.type] && open.size) {
-      // The run ended with questions still open: human-interaction withdrew them (no human.* event says so; the
-      // run's end is the record), so the timeline says it after the end.
+      // The run ended with questions still open and no human.withdrawn journaled (history from before that event,
+      // 2026-12-07): human-interaction withdrew them with the run, so the timeline says it after the end, derived.
       steps.push(endStep(step, e, d));
       for (const asked of open.values()) steps.push(withdrawnStep(asked, e));
       open.clear();
@@ -1209,7 +1211,9 @@ export function timeline(events, run, now = Date.now()) {
         steps.push(step);
         const outcome = outcomes.get(d.request_id);
         const asked = Date.parse(e.time);
-        if (outcome) {
+        if (outcome?.type === "human.withdrawn") {
+          // its own step says how long it was open
+        } else if (outcome) {
           const waited = outcome.data.waited_s ?? (Date.parse(outcome.time) - asked) / 1000;
           waitedBefore.set(outcome.id, { kind: "wait", title: `Waited ${duration(waited)}`, lines: [], event: null });
         } else if (run?.state === "waiting_for_human" && run.waiting?.request_id === d.request_id) {
@@ -1246,6 +1250,9 @@ export function timeline(events, run, now = Date.now()) {
         step.title = "Human request refused";
         step.kind = "bad";
         step.lines = [["Reason", reason("human.rejected", d.reason)], ["Detail", d.detail]];
+        break;
+      case "human.withdrawn":
+        withdrawnStep(asks.get(d.request_id), e, step);
         break;
       case "human.answer_refused":
         step.title = `Answer from ${person(d.responder)} refused`;
@@ -1371,14 +1378,31 @@ function endStep(step, e, d) {
   return step;
 }
 
-// Derived at read time (no event of its own): the question's request, whom, and how long it was open.
-function withdrawnStep(asked, end) {
-  const d = asked.data || {};
+// Why human-interaction withdrew a question (human.withdrawn's reason), as the timeline says it.
+const WITHDRAWN_BECAUSE = {
+  run_completed: RUN_ENDS["run.completed"], run_failed: RUN_ENDS["run.failed"],
+  run_cancelled: RUN_ENDS["run.cancelled"], not_needed: "another question was answered first",
+};
+
+// A question withdrawn: from its human.withdrawn (``event``: one click away, with the run's own reason), or, for
+// history journaled before that event, derived from the run's end at read time (no event of its own). Either
+// way: the question, whom, and how long it was open.
+function withdrawnStep(asked, end, step = null) {
+  const q = asked?.data || {};
+  if (step) {
+    const d = end.data || {};
+    step.kind = "withdrawn";
+    step.title = `Question withdrawn: ${WITHDRAWN_BECAUSE[d.reason] ?? d.reason}`;
+    step.lines = [["Question", q.question], ["Asked", person(d.recipient)], ["Request", d.request_id],
+      ["Channel", d.channel], ["Open for", duration(d.waited_s)],
+      ["Run's reason", d.reason === "run_failed" ? reason("run.failed", d.run_reason) : d.run_reason]];
+    return step;
+  }
   return {
     kind: "withdrawn",
     type: "human.withdrawn",
     title: `Question withdrawn: ${RUN_ENDS[end.type]}`,
-    lines: [["Question", d.question], ["Asked", person(d.recipient)], ["Request", d.request_id],
+    lines: [["Question", q.question], ["Asked", person(q.recipient)], ["Request", q.request_id],
       ["Open for", duration((Date.parse(end.time) - Date.parse(asked.time)) / 1000)]],
     event: null,
     time: end.time,

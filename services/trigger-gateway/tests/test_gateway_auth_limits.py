@@ -195,6 +195,36 @@ async def test_an_ipv6_client_is_counted_by_its_64(bus: Bus, settings: Settings,
         assert (await _hook(client, "2001:db8:1:3::1", basic())).status_code == 202  # another /64
 
 
+async def test_guesses_sent_at_once_at_a_body_signed_trigger_are_counted_before_each_is_verified(
+    bus: Bus, settings: Settings, triggers: list[TriggerConfig]
+) -> None:
+    """A body-signed trigger reads the body after the first check: guesses whose bodies arrive together all
+    passed it, so the check is made again once the body is read -- at most the limit of them is verified."""
+    failures = WebhookFailures(2, 300, clock=Clock())
+    raw = fixture_bytes("github-pr-opened.json")
+    release = asyncio.Event()
+
+    async def held_body() -> AsyncIterator[bytes]:  # streamed (chunked): the gateway waits for it past the check
+        yield raw[:10]
+        await release.wait()
+        yield raw[10:]
+
+    async def guess(client: httpx.AsyncClient, n: int) -> int:
+        headers = {
+            "Content-Type": "application/json",
+            "X-Forwarded-For": ATTACKER,
+            **github_headers(raw, "pull_request", f"d-{n}", secret=f"guess-{n}"),
+        }
+        return (await client.post("/hooks/gh-review", content=held_body(), headers=headers)).status_code
+
+    async with gateway(settings, bus, triggers, failures) as client:
+        sent = [asyncio.create_task(guess(client, n)) for n in range(6)]
+        await asyncio.sleep(0.5)  # (a guess not yet past the first check by then is checked once, as usual)
+        release.set()
+        statuses = sorted(await asyncio.gather(*sent))
+    assert statuses == [401, 401, 429, 429, 429, 429]
+
+
 # --------------------------------------------------------------------------- unknown trigger ids, per address
 async def test_unknown_ids_count_per_address_and_then_no_answer_tells_an_existing_id(
     bus: Bus, settings: Settings, triggers: list[TriggerConfig]

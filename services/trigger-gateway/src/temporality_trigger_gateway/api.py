@@ -163,6 +163,8 @@ def create_app(
         try:
             raw = await _read_body(request, settings.max_body_bytes)
             if verifier.reads_body:
+                # Again after the body's await: guesses sent at once each passed the check before any was counted.
+                failures.admit(request, address, trigger.id)
                 try:
                     verifier.verify(request.headers, raw)
                 except Unauthorized as refused:

@@ -51,8 +51,9 @@ DEFAULT_MAX_FAILURES = DEFAULT_MAX_FAILURES_PER_ADDRESS
 
 class WebhookFailures:
     """The two failure counts of the webhook endpoint (module docstring); synchronous, so nothing runs between a
-    check and the count of its outcome but the awaits of the endpoint itself (a body-signed trigger reads the
-    body in between: concurrent guesses of one address may pass the check together, each then counted)."""
+    check and the count of its outcome but the awaits of the endpoint itself: a body-signed trigger reads the body
+    in between, so the endpoint checks again after the body is read (guesses sent at once all pass the first
+    check), and then verifies and counts without an await."""
 
     def __init__(
         self,

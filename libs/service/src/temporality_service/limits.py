@@ -10,6 +10,9 @@ The window arithmetic is shared by every limit of the project:
   guesser which of its guesses were wrong, and the one that is not would still get in -- until its oldest
   failure leaves the window. Callers from other addresses are not affected, and neither is a request without
   a token (a console session, a vouched principal: signed, not guessable).
+* The trigger-gateway's failed webhook authentications (``temporality_trigger_gateway.failures``): two limiters of
+  its own (``TEMPORALITY_GATEWAY_WEBHOOK_MAX_FAILURES``), per client address and trigger, and per address for
+  deliveries to unknown trigger ids; the same 429.
 * The journal's password sign-in limits (:class:`temporality_journal.passwords.AttemptLimits`), kept in a NATS
   KV bucket every replica shares, take their counts with :func:`take`.
 

@@ -839,8 +839,11 @@ def hostile_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     ports = {COLLAB_PORT_ENV: str(free_port()), EXECUTOR_PORT_ENV: str(free_port())}
     # the sweep sends thousands of wrong credentials from one address: with the default limit (20 in 5 min) every
     # later probe would be the 429 of too_many_failures, not the answer to the input it tests (that limit: its own
-    # tests in libs/service and human-interaction)
-    limits = {"TEMPORALITY_API_MAX_FAILURES_PER_ADDRESS": "1000000"}
+    # tests in libs/service and human-interaction; the webhooks' in the trigger-gateway's)
+    limits = {
+        "TEMPORALITY_API_MAX_FAILURES_PER_ADDRESS": "1000000",
+        "TEMPORALITY_GATEWAY_WEBHOOK_MAX_FAILURES": "1000000",
+    }
     stack = make_stack(root, config_dir=sweep_config(root / "config"), **ports, **limits)
     stack.start()
     try:

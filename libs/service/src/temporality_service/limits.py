@@ -10,6 +10,9 @@ The window arithmetic is shared by every limit of the project:
   guesser which of its guesses were wrong, and the one that is not would still get in -- until its oldest
   failure leaves the window. Callers from other addresses are not affected, and neither is a request without
   a token (a console session, a vouched principal: signed, not guessable).
+* The trigger-gateway's failed webhook authentications (``temporality_trigger_gateway.failures``): two limiters of
+  its own (``TEMPORALITY_GATEWAY_WEBHOOK_MAX_FAILURES``), per client address and trigger, and per address for
+  deliveries to unknown trigger ids; the same 429.
 * The journal's password sign-in limits (:class:`temporality_journal.passwords.AttemptLimits`), kept in a NATS
   KV bucket every replica shares, take their counts with :func:`take`.
 
@@ -24,6 +27,7 @@ legacy inbox token (8-23 characters, :mod:`temporality_human_interaction.directo
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import math
 import time
@@ -40,6 +44,7 @@ __all__ = [
     "Exhausted",
     "FailureLimiter",
     "TooManyFailures",
+    "address_key",
     "client_address",
     "recent",
     "take",
@@ -94,7 +99,13 @@ def client_address(request: HTTPConnection) -> str | None:
     """The key a request's failures are counted under: its client address (an IPv6 one as its /64)."""
     if request.client is None:
         return None
-    host = request.client.host
+    return address_key(request.client.host)
+
+
+@functools.lru_cache(maxsize=4096)
+def address_key(host: str) -> str:
+    """:func:`client_address` of a client ``host``; remembered, as the trigger-gateway asks it of every webhook
+    delivery (parsing an address costs more than the rest of the limit's check)."""
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:

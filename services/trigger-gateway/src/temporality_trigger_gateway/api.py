@@ -7,7 +7,8 @@ served as it now is, without a restart.
 
 Checks run in this order, each answered as ``{"error": code, "detail": sentence}``:
 unknown trigger 404 (a stored webhook trigger this replica cannot serve, its secret not set: 503
-``trigger_not_served``) → header credentials 401 → size 413 → body signature 401 → a ``Content-Type`` that is not
+``trigger_not_served``) → an address past the limit of failed authentications of the trigger 429
+``too_many_failures`` (below) → header credentials 401 → size 413 → body signature 401 → a ``Content-Type`` that is not
 JSON 415 (none at all is taken as JSON) → a ``Content-Encoding`` (gzip, ...) 415 → an empty body 400 → UTF-8 JSON
 400 → source shape 422 → the sender's test notification 200 ``ignored`` → disabled / unhandled event type 200
 ``ignored`` → the trigger's expressions (422 ``mapping_failed`` when one fails on the event) → accepted 202 /
@@ -20,6 +21,11 @@ parsed. A refusal is journaled only once the sender is authenticated; a refused 
 audit trail instead, as ``api.access_refused`` (reason ``bad_credentials`` for the header check,
 ``bad_signature`` for the body's), rate-limited per address so a scanner cannot flood the journal, never with the
 credential or signature (:mod:`temporality_service.audit`).
+
+Failed authentications are limited per client address (:mod:`temporality_trigger_gateway.failures`): past
+``TEMPORALITY_GATEWAY_WEBHOOK_MAX_FAILURES`` within the window, the address's deliveries to that trigger are 429
+``too_many_failures`` with ``Retry-After``, the right credentials too; past as many deliveries to unknown ids, the
+address's deliveries that do not authenticate are 429 instead of their 404, 503 or 401.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ from temporality_service import (
     parse_json,
     read_body,
 )
-from temporality_service.audit import audit_refusal
+from temporality_service.limits import client_address
 from temporality_service.openapi import add_schemas, json_body, operation
 from temporality_trigger_gateway.adapters import ADAPTERS, WebhookRequest
 from temporality_trigger_gateway.adapters.base import UNPARSED
@@ -59,6 +65,7 @@ from temporality_trigger_gateway.errors import (
     UnknownTrigger,
     UnsupportedMediaType,
 )
+from temporality_trigger_gateway.failures import WebhookFailures
 from temporality_trigger_gateway.intake import Accepted, Debounced, Intake, Queued
 from temporality_trigger_gateway.settings import Settings
 from temporality_trigger_gateway.store import TriggerRegistry, TriggerStore
@@ -76,11 +83,15 @@ def create_app(
     *,
     store: TriggerStore | None = None,
     auth: ApiAuth | None = None,
+    failures: WebhookFailures | None = None,
 ) -> FastAPI:
     """The gateway app over an already-connected ``bus``; serves the ``webhook`` triggers of ``triggers``.
 
     ``triggers`` is the replica's live registry (``store`` given: the ``/triggers`` admin API is served,
-    checking ``auth``'s role tokens), or a fixed list (tests, benchmarks: no admin API)."""
+    checking ``auth``'s role tokens), or a fixed list (tests, benchmarks: no admin API). ``failures``: the limit of
+    failed webhook authentications (default: the settings'; tests give one with their own clock)."""
+    if failures is None:
+        failures = WebhookFailures(settings.webhook_max_failures, settings.webhook_failure_window_s)
     registry = triggers if isinstance(triggers, TriggerRegistry) else TriggerRegistry.static(triggers)
     intake = Intake(
         bus,
@@ -92,10 +103,11 @@ def create_app(
         title="Temporality trigger-gateway",
         docs_url=None,
         redoc_url=None,
-        responses={code: {"model": ErrorBody} for code in (400, 401, 404, 413, 415, 422, 503)},
+        responses={code: {"model": ErrorBody} for code in (400, 401, 404, 413, 415, 422, 429, 503)},
         telemetry=HTTP_TELEMETRY,
     )
     app.state.intake = intake  # its drain() runs at shutdown (__main__)
+    app.state.webhook_failures = failures
     install_error_handlers(app)
     (auth or ApiAuth()).install(app)
     if store is not None:
@@ -136,25 +148,27 @@ def create_app(
     async def hook(trigger_id: str, request: Request) -> Response:
         # No per-request log binding here: Intake.handle binds the delivery's fields once it has them.
         trigger = registry.webhook(trigger_id)
+        address = client_address(request)
         if trigger is None:
-            raise _not_served(registry, trigger_id, settings.retry_after_s)
+            raise failures.unserved(request, address, _not_served(registry, trigger_id, settings.retry_after_s))
+        failures.admit(request, address, trigger.id)  # past the limit: 429 before any credential is looked at
         verifier = trigger.auth
         if not verifier.reads_body:
             try:
                 verifier.verify(request.headers, b"")
-            except Unauthorized:
-                _audit_refusal(request, "bad_credentials")
-                raise
+            except Unauthorized as refused:
+                raise failures.failed(request, address, trigger.id, refused, "bad_credentials") from None
         raw = b""
         authenticated = not verifier.reads_body
         try:
             raw = await _read_body(request, settings.max_body_bytes)
             if verifier.reads_body:
+                # Again after the body's await: guesses sent at once each passed the check before any was counted.
+                failures.admit(request, address, trigger.id)
                 try:
                     verifier.verify(request.headers, raw)
-                except Unauthorized:
-                    _audit_refusal(request, "bad_signature")
-                    raise
+                except Unauthorized as refused:
+                    raise failures.failed(request, address, trigger.id, refused, "bad_signature") from None
                 authenticated = True
             declared = request.headers.get("content-type")
             if declared is not None and not _is_json(declared):
@@ -213,12 +227,6 @@ def _not_served(registry: TriggerRegistry, trigger_id: str, retry_after_s: int) 
         f"(GET /triggers/{trigger_id[:100]}: served, problem)",
         retry_after_s,
     )
-
-
-def _audit_refusal(request: Request, reason: str) -> None:
-    """Tell the app's access audit (the service runtime's, when served by it) of a refused webhook authentication:
-    method, path and address only (never a header or the body)."""
-    audit_refusal(request, status=401, reason=reason, channel="webhook")
 
 
 class _GatewayApp(FastAPI):

@@ -9,6 +9,8 @@
     ├── Unauthorized             -- 401 missing or wrong credentials or signature (with ``WWW-Authenticate``)
     ├── BodyTooLarge             -- 413 Content-Length or the streamed body exceeds ``max_body_bytes``
     ├── UnsupportedMediaType     -- 415 a Content-Type that is not JSON (GitHub's form-encoded deliveries)
+    ├── TooManyFailures          -- 429 the client address is past the limit of failed authentications (the
+    │                               service library's class: :mod:`temporality_trigger_gateway.failures`)
     ├── MalformedBody            -- 400 not UTF-8 JSON (a UTF-8 BOM is fine), too deep, lone surrogates
     ├── InvalidPayload           -- 422 JSON, but not the shape the trigger's adapter expects
     ├── TriggerMappingFailed     -- 422 a valid event the trigger's own expression (input, when, concurrency

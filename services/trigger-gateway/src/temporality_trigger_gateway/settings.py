@@ -8,6 +8,7 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from temporality_service import HttpServiceSettings
+from temporality_service.limits import DEFAULT_FAILURE_WINDOW_S, DEFAULT_MAX_FAILURES_PER_ADDRESS
 
 __all__ = ["Settings"]
 
@@ -39,3 +40,9 @@ class Settings(HttpServiceSettings):
     #: How often (seconds) each replica checks that every enabled schedule trigger has its next tick armed, and
     #: arms the ones that have none (a failed arm, a tick dead-lettered): one ``STREAM.INFO`` per check.
     schedule_check_s: float = Field(default=60.0, ge=1, le=3600)
+    #: Failed webhook authentications of one trigger from one client address, and deliveries to unknown trigger ids
+    #: from one client address, within the window; past it 429 ``too_many_failures`` with ``Retry-After``
+    #: (:mod:`temporality_trigger_gateway.failures`). A sender with the right credentials never counts.
+    webhook_max_failures: int = Field(default=DEFAULT_MAX_FAILURES_PER_ADDRESS, ge=1, le=1_000_000)
+    #: The window of that limit, in seconds (each replica counts its own, in memory).
+    webhook_failure_window_s: float = Field(default=DEFAULT_FAILURE_WINDOW_S, gt=0, le=86_400)

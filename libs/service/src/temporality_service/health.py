@@ -6,7 +6,8 @@
 ``/readyz``    200 ``{"status": "ready", ...}`` once the runtime has started every consumer, responder
                and the HTTP server, while NATS is connected and every readiness check (e.g. the
                journal's database) passes; otherwise 503 ``{"error": "not_ready", "detail": <why>}``
-               with the same fields. Not ready again from the moment SIGTERM arrives.
+               with the same fields, plus any a service adds (:meth:`Readiness.add_field`: the journal's
+               ``backlog``). Not ready again from the moment SIGTERM arrives.
 =============  =========================================================================================
 """
 

@@ -23,6 +23,9 @@ duplicate window): **every** consumer whose filter matches gets it again -- the 
 triggers, the one that gave up, any journal subscriber. That is safe because the services' handlers are
 idempotent by event id (the payload, its id included, is unchanged) -- the convention every consumer follows
 (docs/service-conventions.md); a journal subscriber outside Temporality sees a second copy with the same ``id``.
+A payload that is no valid CloudEvent has no such id, and every consumer would give up on it again (one letter
+becomes one per consumer): refused unless ``--force``. The dry run names the other dead letters of the same
+original message (several consumers gave up on it): re-drive one, purge the rest.
 Before acting, :func:`audience` lists those consumers from the server. Timer firings (``temporality.timers.
 fired...``) are refused: the server marks a real firing with ``Nats-Scheduler``, which no client may set, and
 the consumers refuse a firing without it as forged.
@@ -305,8 +308,10 @@ def redrive_headers(letter: DeadLetter, user: str | None) -> dict[str, str]:
     return headers
 
 
-def redrivable(letter: DeadLetter) -> str:
-    """``letter``'s original subject; :class:`DlqError` saying why when it cannot be re-driven."""
+def redrivable(letter: DeadLetter, force: bool = False) -> str:
+    """``letter``'s original subject; :class:`DlqError` saying why when it cannot be re-driven. A payload that is no
+    valid CloudEvent is refused unless ``force``: it has no event id the consumers could deduplicate by, and every
+    consumer of the subject would give up on it again (one dead letter becomes one per consumer)."""
     subject = letter.original_subject
     if not subject:
         raise DlqError(f"dead letter {letter.seq} has no {ORIGINAL_SUBJECT_HEADER} header: not re-drivable")
@@ -318,12 +323,22 @@ def redrivable(letter: DeadLetter) -> str:
         )
     if not subject.startswith(f"{EVENTS_PREFIX}."):
         raise DlqError(f"dead letter {letter.seq}: {subject} is not an event subject ({EVENTS_PREFIX}.>)")
+    if not letter.valid_envelope and not force:
+        raise DlqError(
+            f"dead letter {letter.seq} is not a valid CloudEvent (`temporality dlq show {letter.seq}`): re-driven "
+            "unchanged it would reach every consumer of its subject, each of which would refuse it again and "
+            "dead-letter its own copy (one letter becomes one per consumer), and without a valid event id no "
+            "consumer can recognise it as a repeat. Purge it (`temporality dlq purge "
+            f"{letter.seq} --yes`; the journal's bus.dead_lettered keeps the record) and repair what it was for; "
+            "--force re-drives it anyway"
+        )
     return subject
 
 
-async def redrive(bus: Bus, letter: DeadLetter, audit: Any = None) -> Redriven:
-    """Republish ``letter`` on its original subject (see the module's docstring), then delete it from the DLQ."""
-    subject = redrivable(letter)
+async def redrive(bus: Bus, letter: DeadLetter, audit: Any = None, *, force: bool = False) -> Redriven:
+    """Republish ``letter`` on its original subject (see the module's docstring), then delete it from the DLQ;
+    ``force``: also a payload that is no valid CloudEvent (:func:`redrivable`)."""
+    subject = redrivable(letter, force)
     result = await bus.publish_raw(subject, letter.data, redrive_headers(letter, bus.settings.user))
     await bus.js.delete_msg(DLQ_STREAM.name, letter.seq)
     (audit or log).warning(
@@ -479,6 +494,13 @@ def add_parser(commands: Any) -> None:
         p_act.add_argument("--all", action="store_true", help="every dead letter of every consumer")
         p_act.add_argument("--since", type=_since, default=None, help="with --consumer/--all: only newer")
         p_act.add_argument("--yes", action="store_true", help="act (default: say what would be done)")
+        if verb == "redrive":
+            p_act.add_argument(
+                "--force",
+                action="store_true",
+                help="also re-drive a payload that is no valid CloudEvent (refused otherwise: every consumer of its "
+                "subject would dead-letter it again, and it has no event id to deduplicate by)",
+            )
 
 
 def settings_for(args: argparse.Namespace) -> NatsSettings:
@@ -530,6 +552,24 @@ async def _selected(bus: Bus, args: argparse.Namespace) -> list[DeadLetter]:
     if args.seqs:
         return [await read(bus, seq) for seq in dict.fromkeys(args.seqs)]  # all read before anything is done
     return await scan(bus, None if args.all else args.consumer, args.since)
+
+
+def _siblings(letters: list[DeadLetter], every: list[DeadLetter]) -> dict[int, list[DeadLetter]]:
+    """For each of ``letters``: the other dead letters of ``every`` that hold the same original message (its stream
+    sequence and subject), and are not selected themselves -- one message several consumers gave up on."""
+    chosen = {letter.seq for letter in letters}
+    found: dict[int, list[DeadLetter]] = {}
+    for letter in letters:
+        if letter.original_seq is None:
+            continue
+        found[letter.seq] = [
+            other
+            for other in every
+            if other.seq not in chosen
+            and other.original_seq == letter.original_seq
+            and other.original_subject == letter.original_subject
+        ]
+    return found
 
 
 def _cells(letter: DeadLetter, redactor: Redactor) -> tuple[str, ...]:
@@ -618,9 +658,11 @@ async def _act(bus: Bus, args: argparse.Namespace, out: TextIO, redactor: Redact
     if not letters:
         out.write("no dead letters selected: nothing to do\n")
         return 0
+    force = bool(getattr(args, "force", False))
     if verb == "redrive":
-        subjects = {letter.seq: redrivable(letter) for letter in letters}  # refuse before doing anything
+        subjects = {letter.seq: redrivable(letter, force) for letter in letters}  # refuse before doing anything
         audiences = {s: await audience(bus, s) for s in dict.fromkeys(subjects.values())}
+        siblings = _siblings(letters, await scan(bus))
     mode = "" if args.yes else "DRY RUN (nothing changed; --yes to act): would "
     out.write(f"{mode}{verb} {len(letters)} dead letter(s):\n")
     for letter, line in zip(letters, _table([_cells(letter, redactor) for letter in letters])[1:], strict=True):
@@ -632,16 +674,31 @@ async def _act(bus: Bus, args: argparse.Namespace, out: TextIO, redactor: Redact
                 gave_up = f"{letter.consumer} (which gave up on it) gets it again"
             else:
                 gave_up = f"NOTE: there is no consumer {letter.consumer} on {stream} now, so it will not get it"
+            if letter.valid_envelope:
+                also = f"so do, idempotent by event id: {', '.join(others) or 'no other consumer'}"
+            else:
+                also = (
+                    f"so do, NOT idempotent (no valid CloudEvent, no event id to deduplicate by; --force): "
+                    f"{', '.join(others) or 'no other consumer'}, each of which may dead-letter it again"
+                )
             out.write(
                 f"        -> republished on {subjects[letter.seq]} ({stream}) under a new Nats-Msg-Id: {gave_up}; "
-                f"so do, idempotent by event id: {', '.join(others) or 'no other consumer'}\n"
+                f"{also}\n"
             )
+            same = siblings.get(letter.seq, [])
+            if same:
+                listed = ", ".join(f"{other.seq} ({other.consumer})" for other in same)
+                out.write(
+                    f"        NOTE: the same message ({letter.original_subject}#{letter.original_seq}) is also "
+                    f"dead-lettered as {listed}: the re-drive reaches those consumers too, so re-drive one and purge "
+                    f"the rest (`temporality dlq purge {' '.join(str(o.seq) for o in same)} --yes`)\n"
+                )
     if not args.yes:
         return 0
     done = 0
     for letter in letters:
         if verb == "redrive":
-            result = await redrive(bus, letter, audit)
+            result = await redrive(bus, letter, audit, force=force)
             dup = " (already re-driven: the stream deduplicated it)" if result.duplicate else ""
             out.write(f"redriven {letter.seq} -> {result.stream} seq {result.seq}{dup}; removed from the DLQ\n")
         else:
@@ -654,6 +711,12 @@ async def _act(bus: Bus, args: argparse.Namespace, out: TextIO, redactor: Redact
 
 async def _run(args: argparse.Namespace, out: TextIO, audit: Any) -> int:
     settings = settings_for(args)
+    hint = (
+        " For a `temporality up` stack, pass its data directory: --data-dir .temporality (its NATS port and admin "
+        "user and password)."
+        if args.data_dir is None
+        else ""
+    )
     try:
         redactor = process_redactor()
     except PatternError as exc:
@@ -667,7 +730,7 @@ async def _run(args: argparse.Namespace, out: TextIO, audit: Any) -> int:
             except NotFoundError:
                 raise Unreachable(
                     f"no {DLQ_STREAM.name} stream at {settings.url}: another server or JetStream domain, or the "
-                    "journal (its owner) never started there"
+                    f"journal (its owner) never started there.{hint}"
                 ) from None
             if args.dlq_command == "list":
                 return await _list(bus, args, out, redactor)
@@ -680,6 +743,7 @@ async def _run(args: argparse.Namespace, out: TextIO, audit: Any) -> int:
         raise Unreachable(
             f"NATS at {settings.url} as {settings.user or '(no user)'} failed: {exc!r} -- is it up, are the user and "
             f"password right, is the user {OPERATOR_USER} (`temporality nats-authorization`) or one with full access?"
+            f"{hint}"
         ) from exc
 
 

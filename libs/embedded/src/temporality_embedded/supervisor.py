@@ -15,6 +15,10 @@ effects are :class:`Supervisor`'s, which ``temporality up`` calls about twice a 
 - the embedded nats-server likewise, on the same client port and store (the port is held by a placeholder
   socket meanwhile, so nothing else takes it); the services reconnect on their own (their ``/readyz`` says so),
   and one that did not within :attr:`RestartPolicy.reconnect_timeout_s` is restarted;
+- a running service is asked for its ``/healthz`` every :attr:`RestartPolicy.service_probe_every_s`; one that
+  has not answered :attr:`RestartPolicy.service_hung_after` times in a row though it has not exited (stopped with
+  SIGSTOP, deadlocked, swapping) is reported once, with its pid, its log and what to do, and again when it answers;
+  it is not restarted (a hung process may still hold work it finishes once it runs again: the operator decides);
 - :attr:`RestartPolicy.max_crashes` crashes of one child within :attr:`RestartPolicy.window_s` are a crash loop:
   the stack stops, with a message naming the child and its log;
 - with ``restart=False`` (``temporality up --no-restart``, for CI) the first exit stops the stack.
@@ -47,6 +51,7 @@ __all__ = [
     "Supervisor",
     "describe_exit",
     "killed_by",
+    "liveness",
     "log_tail",
     "not_ready",
     "readiness",
@@ -77,6 +82,12 @@ class RestartPolicy:
     nats_probe_every_s: float = 10.0
     nats_probe_timeout_s: float = 2.0
     nats_hung_after: int = 3
+    #: A running service (with an HTTP port) is asked for its ``/healthz`` this often (each try waits up to
+    #: :attr:`service_probe_timeout_s`); this many failures in a row and ``up`` says it hangs, once, and again
+    #: when it answers. It is not restarted: ``up`` says how to (``kill -9 <pid>``, a crash it then restarts).
+    service_probe_every_s: float = 10.0
+    service_probe_timeout_s: float = 2.0
+    service_hung_after: int = 3
 
     def __post_init__(self) -> None:
         if not self.delays_s or any(d < 0 for d in self.delays_s) or self.max_crashes < 1 or self.window_s <= 0:
@@ -199,8 +210,8 @@ class _Child:
     #: its last exit: ``SIGKILL`` at ``2026-12-07T02:00:00Z``, noted in its log when it is restarted
     exited: tuple[str, str] | None = None
     delay: float = 0.0  # waiting: the delay of this restart
-    #: nats-server only: when to probe it next, failed probes in a row, when the first of them failed, and
-    #: whether ``up`` has said it hangs
+    #: when to probe it next (nats-server: its greeting; a service: its ``/healthz``), failed probes in a row,
+    #: when the first of them failed, and whether ``up`` has said it hangs
     next_probe: float = 0.0
     failed_probes: int = 0
     failing_since: float = 0.0
@@ -254,9 +265,12 @@ class Supervisor:
         now = self.clock()
         if child.state is _State.running:
             if not process.alive():
+                child.failed_probes, child.hung = 0, False
                 if process.proc is not None and process.proc.returncode == 0:
                     return self._service_stopped(child, process)
                 return self._service_crashed(child, process, "exited unexpectedly")
+            if now >= child.next_probe:
+                self._probe_service(child, process, now)
         elif child.state is _State.waiting:
             nats_down = self.nats is not None and self.nats.state is _State.waiting
             if now >= child.due and not nats_down:  # (with nats-server down it could only fail to connect)
@@ -271,6 +285,8 @@ class Supervisor:
                 child.url = url
                 self.out(f"{child.label} restarted (pid {process.pid}{', ' + url if url else ''}){moved}")
                 child.state = _State.running
+                child.failed_probes, child.hung = 0, False
+                child.next_probe = now + self.policy.service_probe_every_s
             elif not process.alive():
                 return self._service_crashed(child, process, "exited during its restart")
             elif now >= child.due:
@@ -282,6 +298,36 @@ class Supervisor:
                     killed_by_us=True,
                 )
         return None
+
+    def _probe_service(self, child: _Child, process: ServiceProcess, now: float) -> None:
+        """Ask the running service for its ``/healthz``; say once when it stopped answering though it has not
+        exited (SIGSTOP, a deadlock, swapping: its pid is alive, so nothing else here notices), and when it is back.
+        It is not restarted: the message says how to have ``up`` restart it."""
+        url = _loopback(process.url) or child.url
+        child.next_probe = now + self.policy.service_probe_every_s
+        if url is None:  # (a worker without a port: nothing to ask)
+            return
+        why = liveness(url, self.policy.service_probe_timeout_s)
+        if why is None:
+            if child.hung:
+                self.out(
+                    f"{child.label} answers /healthz again (pid {process.pid}) after "
+                    f"{now - child.failing_since:.0f} s; it goes on where it stopped"
+                )
+            child.failed_probes, child.hung = 0, False
+            return
+        if child.failed_probes == 0:
+            child.failing_since = now
+        child.failed_probes += 1
+        if child.failed_probes >= self.policy.service_hung_after and not child.hung:
+            child.hung = True
+            self.out(
+                f"warning: {child.label} (pid {process.pid}) has not answered /healthz for "
+                f"{now - child.failing_since:.0f} s though it is running ({why}): stopped (SIGSTOP), deadlocked or "
+                f"swapping? It is not restarted automatically. Look at its log ({process.log_file}) and `temporality "
+                f"status`; if it was stopped, `kill -CONT {process.pid}`; to have temporality up restart it, "
+                f"`kill -9 {process.pid}`"
+            )
 
     def _service_crashed(
         self, child: _Child, process: ServiceProcess, what: str, *, killed_by_us: bool = False
@@ -372,7 +418,8 @@ class Supervisor:
             self.out(
                 f"warning: {NATS_LABEL} (pid {nats.pid}) has not answered for {now - child.failing_since:.0f} s "
                 f"though it is running ({why}): stopped (SIGSTOP), overloaded or its disk hangs? Until it answers no "
-                f"event is published (webhooks get 503) and the services report not ready; see {nats.log_file}"
+                f"event is published (webhooks get 503); the services' /readyz reports it only once their own NATS "
+                f"pings went unanswered (about a minute), and `temporality status` says it now; see {nats.log_file}"
             )
 
     def _check_nats(self, child: _Child) -> int | None:
@@ -459,6 +506,19 @@ def _ready(url: str | None) -> bool:
             return bool(response.status == 200)
     except (urllib.error.URLError, OSError):
         return False
+
+
+def liveness(url: str, timeout_s: float = 2.0) -> str | None:
+    """``None`` when the service at ``url`` answers ``/healthz`` with 200 within ``timeout_s``, else what went
+    wrong (a hung process accepts the connection in the kernel but never answers: a timeout)."""
+    try:
+        with urllib.request.urlopen(f"{url}/healthz", timeout=timeout_s) as response:
+            return None if response.status == 200 else f"/healthz answered {response.status}"
+    except urllib.error.HTTPError as exc:
+        return f"/healthz answered {exc.code}"
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return f"/healthz did not answer within {timeout_s:g} s: {reason or type(reason).__name__}"
 
 
 def readiness(url: str | None) -> str | None:

@@ -6,7 +6,8 @@
 ``/readyz``    200 ``{"status": "ready", ...}`` once the runtime has started every consumer, responder
                and the HTTP server, while NATS is connected and every readiness check (e.g. the
                journal's database) passes; otherwise 503 ``{"error": "not_ready", "detail": <why>}``
-               with the same fields. Not ready again from the moment SIGTERM arrives.
+               with the same fields, plus any a service adds (:meth:`Readiness.add_field`: the journal's
+               ``backlog``). Not ready again from the moment SIGTERM arrives.
 =============  =========================================================================================
 """
 
@@ -43,6 +44,7 @@ class Readiness:
         self._consumers: list[Consumer] = []
         self._responders: list[Responder] = []
         self._checks: dict[str, Callable[[], Awaitable[None]]] = {}
+        self._fields: dict[str, Callable[[], Any]] = {}
 
     def watch_consumer(self, consumer: Consumer) -> None:
         self._consumers.append(consumer)
@@ -52,6 +54,11 @@ class Readiness:
 
     def add_check(self, name: str, check: Callable[[], Awaitable[None]]) -> None:
         self._checks[name] = check
+
+    def add_field(self, name: str, value: Callable[[], Any]) -> None:
+        """One more field of ``/readyz``'s answer (ready or not), ``value()`` at each ask: cheap, never waiting (the
+        journal's ``backlog``, a cached count)."""
+        self._fields[name] = value
 
     @property
     def nats(self) -> str:
@@ -86,6 +93,8 @@ class Readiness:
             "responders": responders,
             "checks": checks,
         }
+        for name, value in self._fields.items():
+            fields[name] = value()
         return not reasons, fields, reasons
 
 

@@ -34,6 +34,7 @@ import sys
 from sqlalchemy.exc import ArgumentError
 
 from temporality_journal.api import create_app
+from temporality_journal.backlog import Backlog
 from temporality_journal.database import Database, SchemaTooNew, connect_args
 from temporality_journal.gateway import gateway_client
 from temporality_journal.human import human_client
@@ -99,6 +100,8 @@ def configure(settings: Settings) -> Setup[Settings]:
         # refused API access into the audit trail, rate-limited: the runtime's, as every service's
         rt.http(create_app(rt.settings, database, rt.bus, auth, tail, gateway, human, rt.access_audit, signin))
         rt.ready_check("database", database.ping)
+        # how far the recorder is behind the bus, for the console's banner (cached; never waits for NATS)
+        rt.readiness.add_field("backlog", Backlog(rt.bus, rt.settings.behind_warn_events).report)
         if rt.metrics is not None and runs is not None:
             rt.metrics.refresh_every("runs by state", functools.partial(runs.refresh, database))
         days, audit_days = rt.settings.retention_days, rt.settings.audit_retention_days

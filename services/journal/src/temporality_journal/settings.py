@@ -28,6 +28,9 @@
 ``TEMPORALITY_JOURNAL_AUDIT_RETENTION_DAYS``  purge audited events (``GET /audit``) older than this; ``0``
                                     keeps them forever (the default); the table retention never
                                     purges them
+``TEMPORALITY_JOURNAL_BEHIND_WARN_EVENTS``  the console says "recording N events behind the bus" above this
+                                    many events not yet recorded (``1000``; ``/readyz``'s ``backlog``,
+                                    :mod:`temporality_journal.backlog`)
 ``TEMPORALITY_JOURNAL_GATEWAY_URL``  the trigger-gateway's URL (``http://127.0.0.1:8080``), for the
                                     console's trigger wizard (``/gateway/...``,
                                     :mod:`temporality_journal.gateway`); unset: those routes are 503
@@ -127,6 +130,12 @@ class Settings(HttpServiceSettings):
         le=1_000,
         description="a fetch short of batch_size waits this long once for more events: fewer, larger transactions "
         "at a steady trickle, each event journaled up to this much later; 0: none",
+    )
+    behind_warn_events: int = Field(
+        default=1_000,
+        ge=0,
+        description="the console says it is recording N events behind the bus above this many events its durable "
+        "consumer has not recorded yet (/readyz backlog.warn_above)",
     )
     retention_days: int = Field(
         default=0,

@@ -91,6 +91,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -131,6 +132,7 @@ from temporality_protocol import (
     HumanExpired,
     HumanRejected,
     RunCancelRequested,
+    RunFailed,
     RunRequested,
     RunState,
     encode_event,
@@ -240,6 +242,8 @@ from temporality_run_executor.watchdog import DEFAULT_GRACE_S, REARM_AFTER, RunW
 __all__ = ["ACTIVE", "SOURCE", "Clock", "Engine", "ProviderFactory", "RunMovedOn"]
 
 SOURCE = "/temporality/run-executor"
+#: A run id the dead-letter hook fails a never-created run under (a KV key: the run record's).
+_VALID_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.=-]{0,199}")
 #: A handler defers its run's watchdog arm only when the watchdog's horizon is at least this many leases
 #: (:meth:`Engine._defer_arm`).
 DEFER_HORIZON_LEASES = 4
@@ -561,6 +565,36 @@ class Engine:
         )
         with structlog.contextvars.bound_contextvars(run_id=run_id):
             await self._handle(run_id, incoming, _attempt(delivery, self.max_deliver))
+            if message.type == RunRequested.EVENT_TYPE and not incoming.lost_race:
+                await self._fail_never_created(message, incoming)
+
+    async def _fail_never_created(self, message: Envelope, incoming: DeadLettered) -> None:
+        """A ``run.requested`` given up on before it created the run (its data invalid, say): the journal shows the
+        run ``pending`` from the request alone, so without this it stayed pending for ever. When no record exists
+        and the envelope names a valid run id, ``run.failed`` reason ``infrastructure_error`` is published for it
+        under the run's deterministic failure id (a repeat of the hook is deduplicated, and a run created later by
+        a copy of the request would fail with that same id). No record is written: nothing here can drive it."""
+        run_id = message.runid
+        if not isinstance(run_id, str) or not _VALID_RUN_ID.fullmatch(run_id):
+            return
+        if await self.runs.get(run_id) is not None:
+            return  # created: the machine decided above (failed it, or left it to what drives it)
+        error = (
+            f"{incoming.event_type} {incoming.event_id} dead-lettered after {incoming.deliveries} deliveries before "
+            f"the run was created: {incoming.error}"
+        )
+        data = RunFailed(run_id=run_id, reason="infrastructure_error", error=cut(error, 2_000))
+        event = make_event(
+            data,
+            source=SOURCE,
+            id=event_id(run_id, RunFailed.EVENT_TYPE),
+            run_id=run_id,
+            correlation_id=message.correlationid or run_id,
+            causation_id=message.id,
+            tenant=message.tenant,
+        )
+        result = await self.bus.publish(event)
+        log.warning("run.dead_letter.never_created_failed", event_id=event.id, duplicate=result.duplicate)
 
     async def on_watchdog(self, data: bytes, delivery: Delivery) -> None:
         """A run's watchdog fired (the raw handler of ``run-executor-watchdog``); see :mod:`.watchdog`."""

@@ -542,6 +542,9 @@ async function tail(params, onEvent, signal, onOpen = null) {
 // gets what it missed), then the banner goes.
 const JOURNAL_CHECK_MS = 10_000;
 let journalTrouble = null; // {since, text} while the journal says it is not ready
+// {pending, text} while the journal is ready but more events than its backlog.warn_above are not recorded yet (its
+// /readyz "backlog": the durable consumer's count, read at most every 5 s): a banner, not a "not live" badge
+let journalBehind = null;
 let journalChecking = null; // the check under way (one at a time)
 let viewFailed = false; // the current view's first read got no answer: opened again when the journal is back
 
@@ -565,16 +568,34 @@ function troubleText(body, since, silent = null) {
   return `The journal is not ready since ${hhmm(since)}${why}: ${stale}`;
 }
 
+function behindFrom(body) {
+  const backlog = body?.backlog;
+  if (!backlog || !Number.isInteger(backlog.pending) || !Number.isInteger(backlog.warn_above)) return null;
+  if (backlog.pending <= backlog.warn_above) return null;
+  const count = backlog.pending.toLocaleString();
+  return {
+    pending: backlog.pending,
+    text: `The journal is recording ${count} events behind the bus: the newest runs and events may not show yet.`,
+  };
+}
+
 function renderTrouble() {
   const banner = $("journal-state");
-  if (!journalTrouble) {
+  const shown = journalTrouble ?? journalBehind;
+  if (!shown) {
     banner.hidden = true;
     delete banner.dataset.state;
     return;
   }
   const text = $("journal-state-text");
-  if (text.textContent !== journalTrouble.text) text.textContent = journalTrouble.text; // unchanged: not announced again
-  banner.dataset.state = journalTrouble.noAnswer ? "no-answer" : journalTrouble.bus ? "bus-lost" : "not-ready";
+  if (text.textContent !== shown.text) text.textContent = shown.text; // unchanged: not announced again
+  banner.dataset.state = !journalTrouble
+    ? "behind"
+    : journalTrouble.noAnswer
+      ? "no-answer"
+      : journalTrouble.bus
+        ? "bus-lost"
+        : "not-ready";
   banner.hidden = false;
 }
 
@@ -602,6 +623,11 @@ function checkJournal() {
       clearTimeout(timer);
     }
     if (response.ok) {
+      const behind = behindFrom(body);
+      if (behind?.text !== journalBehind?.text) {
+        journalBehind = behind;
+        if (!journalTrouble) renderTrouble();
+      }
       if (!journalTrouble || journalTrouble.recovering) return;
       journalTrouble.recovering = true;
       // back: the view re-reads what it shows (its tail reopens; a view whose first read got no answer is opened

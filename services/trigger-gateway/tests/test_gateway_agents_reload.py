@@ -113,7 +113,8 @@ def test_agent_cards_look_at_the_file_once_a_second_and_keep_the_last_good_ids(t
     clock.now += 1.0
     kept = cards.current()
     assert kept == {"a", "b"}
-    assert "current content is refused" in kept.where and "expected a mapping with an 'agents' list" in kept.where
+    assert "current content is refused" in kept.where
+    assert "expected a mapping with an 'agents' list" in kept.where
     path.unlink()
     clock.now += 1.0
     assert cards.current() == {"a", "b"}

@@ -212,7 +212,7 @@ async def _mcp_card_tools(
     async def unlisted() -> None:
         problem = known.problem()
         if problem is not None:
-            raise RuntimeError(f"MCP servers not listed yet (listed again with a backoff): {problem}")
+            raise RuntimeError(f"not listed yet (listed again with a backoff): {problem}")
 
     rt.ready_check("mcp servers", unlisted)
 

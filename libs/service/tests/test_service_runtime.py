@@ -14,7 +14,7 @@ from fastapi import FastAPI
 from temporality_bus import Bus, Consumer, Delivery, NatsSettings
 from temporality_protocol import Envelope
 from temporality_protocol.catalog import CONSUMERS, SERVICES, ServiceSpec
-from temporality_service import Readiness, Runtime, ServiceSettings, bind_tcp, run_until
+from temporality_service import Readiness, Runtime, ServiceSettings, bind_tcp, health, run_until
 from temporality_service.health import add_health_routes
 from temporality_service.server import KEEP_ALIVE_S, HttpServer
 from temporality_testing.waiting import eventually
@@ -67,7 +67,36 @@ async def test_a_failing_readiness_check_is_503_naming_it(bus: Bus) -> None:
     ready, fields, reasons = await readiness.report()
     assert not ready
     assert fields["checks"] == {"database": "failing"}
-    assert reasons == ["database does not answer"]
+    assert reasons == ["database failing: database down"]
+
+
+async def test_a_failing_check_s_reason_is_redacted_and_bounded(bus: Bus, monkeypatch: pytest.MonkeyPatch) -> None:
+    """/readyz's detail says what the check raised (which part, its error), never a secret, at most 500 characters."""
+    monkeypatch.setattr(health, "CHECK_TIMEOUT_S", 0.2)
+    readiness = Readiness("run-executor", bus)
+    readiness.ready = True
+
+    async def servers() -> None:
+        raise RuntimeError(
+            "not listed yet: agent rn-future: mcp server notes: connect to postgres://app:hunter2secret@db/x failed "
+            + "y" * 1000
+        )
+
+    async def hangs() -> None:
+        await asyncio.sleep(10)
+
+    readiness.add_check("mcp servers", servers)
+    readiness.add_check("cache", hangs)
+    ready, fields, reasons = await readiness.report()
+    assert not ready
+    assert fields["checks"] == {"mcp servers": "failing", "cache": "failing"}
+    failing, hanging = reasons
+    assert failing.startswith("mcp servers failing: not listed yet: agent rn-future: mcp server notes: connect to ")
+    assert "hunter2secret" not in failing
+    assert "[REDACTED:" in failing
+    assert len(failing) == len("mcp servers failing: ") + health.MAX_CHECK_DETAIL
+    assert failing.endswith("y…")
+    assert hanging == "cache does not answer within 0.2s"
 
 
 async def test_the_runtime_refuses_parts_the_catalogue_does_not_declare(bus: Bus) -> None:

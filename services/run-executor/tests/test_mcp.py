@@ -233,6 +233,13 @@ async def test_a_server_not_listed_at_start_fails_its_calls_until_it_is_listed_a
         ready = await http.get("/readyz")
         assert ready.status_code == 503
         assert ready.json()["checks"] == {"mcp servers": "failing"}
+        # which agent, which server, and why (bounded, redacted: temporality_service.health)
+        detail = ready.json()["detail"]
+        assert (
+            "mcp servers failing: not listed yet (listed again with a backoff): agent reviewer: mcp server notes: "
+            in (detail)
+        )
+        assert "exit code 3" in detail
         first = run_requested()
         await bus.publish(first)
         (failed,) = await event_log.wait_for("tool.failed", run_id=first.runid, timeout_s=60)

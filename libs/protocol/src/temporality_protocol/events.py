@@ -543,6 +543,9 @@ class RunToolCalled(EventData):
     tool: str
     arguments: dict[str, Any] = Field(default_factory=dict)
     result_preview: Annotated[str, Field(max_length=MAX_TEXT)] = ""
+    #: The arguments as the model wrote them when they were not a JSON object (``arguments`` is then ``{}``):
+    #: its first 2,000 characters, redacted like the rest of the event; absent otherwise.
+    raw_arguments: Annotated[str, Field(max_length=2000)] | None = None
 
 
 class ToolFailed(EventData):

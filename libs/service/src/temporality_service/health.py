@@ -9,6 +9,11 @@
                with the same fields, plus any a service adds (:meth:`Readiness.add_field`: the journal's
                ``backlog``). Not ready again from the moment SIGTERM arrives.
 =============  =========================================================================================
+
+A failing readiness check's reason in ``detail`` says what the check raised, e.g. ``mcp servers failing: not
+listed yet (...): agent reviewer: mcp server notes: could not list its tools: ...``: its first
+:data:`MAX_CHECK_DETAIL` characters, with secrets redacted (the built-in patterns and the deployment's own,
+:func:`temporality_protocol.redaction.process_redactor`); ``{name} does not answer within 2s`` for one that hangs.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from temporality_bus import Bus, Consumer
+from temporality_protocol.redaction import PatternError, Redactor, process_redactor
 
 if TYPE_CHECKING:
     from temporality_service.runtime import Responder
@@ -32,6 +38,19 @@ log = structlog.get_logger(__name__)
 
 #: A readiness check that takes longer than this counts as failed.
 CHECK_TIMEOUT_S = 2.0
+#: The most characters of a failing check's error in ``/readyz``'s ``detail``.
+MAX_CHECK_DETAIL = 500
+
+
+def _check_detail(exc: BaseException) -> str:
+    """What a failing check raised, as ``/readyz`` may show it: redacted, bounded."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    try:
+        redactor = process_redactor()
+    except PatternError:  # the deployment's patterns are broken (the publishers refuse to start): the built-in ones
+        redactor = Redactor()
+    text = redactor.redact(text).text
+    return text if len(text) <= MAX_CHECK_DETAIL else text[: MAX_CHECK_DETAIL - 1] + "…"
 
 
 class Readiness:
@@ -80,10 +99,15 @@ class Readiness:
             try:
                 async with asyncio.timeout(CHECK_TIMEOUT_S):
                     await check()
-            except Exception as exc:  # any failure means "not ready"; the answer says which check
-                log.warning("readiness.check_failed", check=name, error=repr(exc)[:300])
+            except TimeoutError:
+                log.warning("readiness.check_failed", check=name, error=f"no answer within {CHECK_TIMEOUT_S:g}s")
                 checks[name] = "failing"
-                reasons.append(f"{name} does not answer")
+                reasons.append(f"{name} does not answer within {CHECK_TIMEOUT_S:g}s")
+            except Exception as exc:  # any failure means "not ready"; the answer says which check and why
+                detail = _check_detail(exc)
+                log.warning("readiness.check_failed", check=name, error=f"{type(exc).__name__}: {detail}")
+                checks[name] = "failing"
+                reasons.append(f"{name} failing: {detail}")
             else:
                 checks[name] = "ok"
         fields: dict[str, Any] = {

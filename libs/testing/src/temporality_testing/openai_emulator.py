@@ -161,6 +161,8 @@ class OpenAIEmulator:
     authorizations: list[str | None] = field(default_factory=list)
     #: The ``traceparent`` header of each request (W3C Trace Context), in order.
     traceparents: list[str | None] = field(default_factory=list)
+    #: The query parameters of each request, in order (Azure OpenAI's ``api-version``).
+    queries: list[dict[str, str]] = field(default_factory=list)
     port: int = 0
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -177,6 +179,7 @@ class OpenAIEmulator:
             self.requests.append(body)
             self.authorizations.append(request.headers.get("authorization"))
             self.traceparents.append(request.headers.get("traceparent"))
+            self.queries.append(dict(request.query_params))
             refused = tool_name_problem(body) if isinstance(body, dict) else None
             if refused is not None:  # the real API refuses it before any model runs: no scripted reply is used
                 return JSONResponse(refused.body, status_code=refused.status)

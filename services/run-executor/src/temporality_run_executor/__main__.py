@@ -13,10 +13,12 @@ from __future__ import annotations
 import asyncio
 import difflib
 import gc
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import structlog
+from pydantic import ValidationError
 
 from temporality_protocol.catalog import CONSUMERS, SERVICES
 from temporality_protocol.redaction import PatternError, redactor_from_json
@@ -26,7 +28,9 @@ from temporality_run_executor.engine import Engine
 from temporality_run_executor.providers.factory import ProviderCache, ProviderConfigError
 from temporality_run_executor.settings import Settings
 from temporality_run_executor.tools import BUILTIN_TOOLS, Tool, ToolRegistry
-from temporality_service import ApiAuth, ConfigError, Runtime, Setup, TokenFileError, serve
+from temporality_service import ApiAuth, ConfigError, LogSettings, Runtime, Setup, TokenFileError, serve
+from temporality_service.cli import check_arguments
+from temporality_service.logs import configure_logging
 
 __all__ = ["SPEC", "configure", "run"]
 
@@ -212,7 +216,7 @@ async def _mcp_card_tools(
     async def unlisted() -> None:
         problem = known.problem()
         if problem is not None:
-            raise RuntimeError(f"MCP servers not listed yet (listed again with a backoff): {problem}")
+            raise RuntimeError(f"not listed yet (listed again with a backoff): {problem}")
 
     rt.ready_check("mcp servers", unlisted)
 
@@ -246,7 +250,51 @@ async def _mcp_card_tools(
 GC_THRESHOLDS = (10_000, 10, 10)
 
 
+#: The console script's own commands (``temporality-run-executor --help`` lists them).
+COMMANDS = {
+    "check-agents": "check the agent cards file (TEMPORALITY_EXECUTOR_AGENTS_FILE, or the PATH after the command) as "
+    "the executor does at its start, without connecting to or starting anything (MCP servers are not started); "
+    "exit 0 when the executor would start, 1 with the same message it would stop with",
+}
+
+
+def check_agents_main(path: Path | None = None) -> int:
+    """``temporality-run-executor check-agents [PATH]``: :func:`configure` alone (what the executor checks before
+    it connects), its :class:`ConfigError` printed as the executor logs it (``config.invalid``): 0 or 1."""
+    try:
+        settings = Settings() if path is None else Settings(agents_file=path)
+    except ValidationError as exc:
+        sys.stderr.write(f"error: the executor's settings are invalid: {exc}\n")
+        return 2
+    # what configure says on the way (agents.sandbox_env_unset, ...) on stderr; its info lines are not news here
+    configure_logging(LogSettings.model_construct(level="warning", format=settings.log.format), service=SPEC.name)
+    try:
+        configure(settings)
+    except ConfigError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 1
+    cards = load_agents(settings.agents_file).cards()
+    servers = sum(len(card.mcp_servers) for card in cards)
+    sys.stdout.write(
+        f"{settings.agents_file}: {len(cards)} agent card(s) valid: {', '.join(card.id for card in cards) or 'none'}\n"
+    )
+    if servers:
+        sys.stdout.write(
+            f"not checked: the tools of {servers} MCP server(s) (the executor lists them when it starts; a "
+            "tools.allow name a server does not list stops it then)\n"
+        )
+    return 0
+
+
 def run() -> None:
+    args = sys.argv[1:]
+    if len(args) == 2 and args[0] == "check-agents":  # the command with an argument (the service CLI takes none)
+        if args[1] in ("-h", "--help"):
+            sys.stdout.write(f"usage: temporality-run-executor check-agents [PATH]\n\n{COMMANDS['check-agents']}\n")
+            sys.exit(0)
+        sys.exit(check_agents_main(Path(args[1])))
+    if check_arguments(SPEC, Settings, commands=COMMANDS) == "check-agents":
+        sys.exit(check_agents_main())
     gc.set_threshold(*GC_THRESHOLDS)  # this process only (the tests run the service in theirs through run_until)
     serve(SPEC, Settings, configure)
 

@@ -93,6 +93,11 @@ class ProviderConfig(_Strict):
                 "base_url needs an http:// or https:// scheme and a host, e.g. http://127.0.0.1:8000/v1 "
                 f"(it has {' and '.join(missing)})"
             )
+        if url.userinfo:
+            raise ValueError(
+                "base_url must not carry a user name or password (user:password@host): it would be sent as Basic "
+                "auth in place of the API key; give the key through api_key_env"
+            )
         return value
 
     @model_validator(mode="after")

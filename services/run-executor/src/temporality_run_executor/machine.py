@@ -1090,7 +1090,8 @@ def _journaled(effect: Effect, redactor: Redactor) -> Effect:
     if isinstance(data, RunToolCalled):
         arguments = redact_json(data.arguments, redactor)
         preview = redactor.redact(data.result_preview).text[:4096]
-        return replace(effect, data=evolve(data, arguments=arguments, result_preview=preview))
+        raw = None if data.raw_arguments is None else redactor.redact(data.raw_arguments).text[:RAW_ARGUMENTS_CHARS]
+        return replace(effect, data=evolve(data, arguments=arguments, result_preview=preview, raw_arguments=raw))
     if isinstance(data, ToolFailed):
         return replace(effect, data=evolve(data, error=redactor.redact(data.error).text[:4096]))
     return effect
@@ -3473,6 +3474,10 @@ def _lease_held(run: RunRecord) -> Retry:
     return Retry(f"run {run.run_id} is driven by {holder}; retried later", lost_race=True)
 
 
+#: The most characters of a tool call's arguments journaled as written when they are not a JSON object.
+RAW_ARGUMENTS_CHARS = 2000
+
+
 def _tool_called(run: RunRecord, turn: int, index: int, call: ToolCall, content: str) -> Publish:
     called = RunToolCalled(
         run_id=run.run_id,
@@ -3481,6 +3486,8 @@ def _tool_called(run: RunRecord, turn: int, index: int, call: ToolCall, content:
         tool=call.name,
         arguments=call.arguments,
         result_preview=content[:4096],
+        # not a JSON object: the text itself, for who reads the journal (result_preview cuts it at 200)
+        raw_arguments=None if call.invalid_arguments is None else call.invalid_arguments[:RAW_ARGUMENTS_CHARS],
     )
     return Publish(called, (str(turn), str(index)))
 

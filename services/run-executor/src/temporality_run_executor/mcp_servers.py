@@ -1142,8 +1142,8 @@ class CardTools:
         """What is not listed yet (``None``: everything is), for the readiness check."""
         if not self.unlisted:
             return None
-        return "; ".join(
-            f"agent {agent}: mcp server {server}: {error}" for (agent, server), error in self.unlisted.items()
+        return "; ".join(  # each error bounded: /readyz shows them all (and bounds the whole)
+            f"agent {agent}: mcp server {server}: {error[:300]}" for (agent, server), error in self.unlisted.items()
         )
 
 

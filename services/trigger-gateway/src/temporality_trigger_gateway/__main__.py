@@ -1,8 +1,8 @@
 """``temporality-trigger-gateway``: the triggers file seeds the trigger store, every replica watches it and
 serves its webhooks and the ``/triggers`` admin API, started by the service runtime.
 
-configure (nothing connected yet; exit 2 on any problem): the API tokens file, the agent cards' ids, the
-triggers file validated against them. setup: open the ``trigger-definitions`` bucket, seed it with the
+configure (nothing connected yet; exit 2 on any problem): the API tokens file, the agent cards' ids (re-read
+while serving when the file changes: :mod:`.agents`), the triggers file validated against them. setup: open the ``trigger-definitions`` bucket, seed it with the
 file's triggers (create-if-absent: several replicas may start at once, one wins each id and journals
 ``trigger.created``), load the whole store and watch it (``/readyz`` requires the watch; each change arms
 or cancels a schedule trigger's next tick; a failed one is retried, and every ``schedule_check_s`` each enabled
@@ -26,7 +26,7 @@ from temporality_bus import Delivery
 from temporality_protocol import TriggerCreated, derive_id, make_event
 from temporality_protocol.catalog import CONSUMERS, SERVICES
 from temporality_service import ApiAuth, ConfigError, Runtime, Setup, TokenFileError, serve
-from temporality_trigger_gateway.agents import load_agent_ids
+from temporality_trigger_gateway.agents import AgentCards
 from temporality_trigger_gateway.api import create_app
 from temporality_trigger_gateway.behind import WriteBehind
 from temporality_trigger_gateway.errors import TriggerConfigError
@@ -56,9 +56,11 @@ def configure(settings: Settings) -> Setup[Settings]:
         raise ConfigError(str(exc)) from exc
     agents_file = settings.agents_file or settings.triggers_file.parent / "agents.yaml"
     agents: frozenset[str] | None = None
+    cards: AgentCards | None = None
     try:
         if settings.agents_file is not None or agents_file.exists():
-            agents = load_agent_ids(agents_file)
+            cards = AgentCards(agents_file)  # re-read when it changes (a new card needs no gateway restart)
+            agents = cards.current()
         raw = read_triggers_file(settings.triggers_file)
         triggers = parse_triggers(raw, source=str(settings.triggers_file), agents=agents)
     except TriggerConfigError as exc:
@@ -84,6 +86,8 @@ def configure(settings: Settings) -> Setup[Settings]:
             await rt.bus.publish(make_event(change, source=SOURCE, id=event_id, correlation_id=trigger_id))
             log.info("trigger.seeded", trigger_id=trigger_id, revision=revision)
         registry = TriggerRegistry(environ=os.environ, agents=agents)
+        if cards is not None:
+            await rt.resources.enter_async_context(cards.kept_current(registry))
         # The writes queued behind the last answers (claims' marks, delivery records) go out before the bus drains.
         rt.resources.push_async_callback(WriteBehind.of(rt.bus).settled)
         launcher = Launcher(rt.bus, retry_after_s=rt.settings.retry_after_s, claim_lease_s=rt.settings.claim_lease_s)

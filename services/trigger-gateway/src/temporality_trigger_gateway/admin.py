@@ -14,7 +14,7 @@
 
 Authentication is :mod:`temporality_service.auth` (``Authorization: Bearer <API token>``): 401 without a
 valid token, 403 below the role. A body is validated exactly as the triggers file is (plus the agent ids
-of the agent cards file): 422 ``invalid_trigger`` whose ``detail`` and ``errors[].field`` name each field
+of the agent cards file, re-read when it changed: :mod:`.agents`): 422 ``invalid_trigger`` whose ``detail`` and ``errors[].field`` name each field
 (``agent``, ``auth.password_env``, ``input.author``, ``cron``, ``filter``...).
 
 Secrets are write-only: a literal ``password``/``token``/``secret`` is stored but never returned (the
@@ -73,6 +73,7 @@ from temporality_service import (
 from temporality_service.http import Conflict as HttpConflict
 from temporality_service.http import PreconditionFailed, PreconditionRequired, revision_of
 from temporality_service.openapi import component_schemas, if_match, json_body, operation
+from temporality_trigger_gateway.agents import refresh_agents
 from temporality_trigger_gateway.errors import BusUnavailable
 from temporality_trigger_gateway.launch import Launcher
 from temporality_trigger_gateway.preview import run_preview
@@ -228,6 +229,7 @@ def admin_router(
     def validate(spec: Any, *, new: bool = False) -> TriggerConfig:
         if not isinstance(spec, dict):
             raise TriggerInvalid([{"field": "<body>", "message": "a trigger is a JSON object"}])
+        refresh_agents(registry)  # a card added to the agent cards file since counts (agents.py)
         try:
             return validate_spec(spec, environ=registry.environ, agents=registry.agents, new=new)
         except ValidationError as exc:
@@ -266,6 +268,7 @@ def admin_router(
     def view(trigger_id: str, found: Versioned[TriggerRecord]) -> dict[str, Any]:
         record = found.value
         served = registry.get(trigger_id)
+        refresh_agents(registry)
         try:
             trigger = validate_spec(record.spec, environ=registry.environ, agents=registry.agents)
             shown = trigger.model_dump(mode="json")  # every field, defaults included
@@ -360,6 +363,7 @@ def admin_router(
         openapi_extra=operation(body=json_body("TriggerPreview")),
     )
     async def preview(request: Request, who: AsViewer) -> JSONResponse:
+        refresh_agents(registry)
         return JSONResponse(await run_preview(await read_sample(request), registry, store, io))
 
     @router.get(

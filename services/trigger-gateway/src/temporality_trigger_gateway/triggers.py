@@ -240,7 +240,8 @@ class _Trigger(_Config):
         agents = (info.context or {}).get("agents")
         if agents is not None and value not in agents:
             known = ", ".join(sorted(agents)) or "none"
-            raise ValueError(f"unknown agent {value!r} (not in the agent cards file; known: {known})")
+            where = getattr(agents, "where", "the agent cards file")  # agents.AgentIds: the file, as read
+            raise ValueError(f"unknown agent {value!r} (not in {where}; known: {known})")
         return value
 
     @field_validator("input")

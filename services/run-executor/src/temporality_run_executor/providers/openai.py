@@ -1,7 +1,8 @@
 """An OpenAI-compatible chat-completions provider with tool calling.
 
 Works with OpenAI, Azure OpenAI (deployment URL as ``base_url``), vLLM, Ollama and llama.cpp's server:
-anything that speaks ``POST {base_url}/chat/completions`` with ``tools``.
+anything that speaks ``POST {base_url}/chat/completions`` with ``tools``. A query in ``base_url`` is kept as
+the request's query (Azure OpenAI's ``...?api-version=2024-10-21``: ``POST <path>/chat/completions?api-version=...``).
 
 Retries (``tenacity``): a 408, a 429, a 5xx, a connection error, a timeout or a malformed reply is tried
 again, up to ``max_retries`` times, waiting what ``Retry-After`` asks (seconds or an HTTP date) or else an
@@ -106,7 +107,14 @@ class OpenAICompatible(Provider):
         clock: Clock = time.monotonic,
     ) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=timeout_s, headers=headers)
+        url = httpx.URL(base_url)
+        # the base's query goes on every request (httpx would put ``/chat/completions`` after it)
+        self._client = httpx.AsyncClient(
+            base_url=str(url.copy_with(query=None, fragment=None)).rstrip("/"),
+            params=url.params,
+            timeout=timeout_s,
+            headers=headers,
+        )
         self._model = model
         self._api_key = api_key
         #: The variable the key came from (the card's ``api_key_env``), named when the endpoint refuses the key.
@@ -324,9 +332,11 @@ def _tool_call(raw: Any) -> ToolCall:
     text = function.get("arguments")
     if isinstance(text, dict):  # some servers send the object itself
         return ToolCall(id=call_id, name=name, arguments=text)
+    if text is None or (isinstance(text, str) and text.strip() in ("", "null")):
+        return ToolCall(id=call_id, name=name, arguments={})  # none for a tool without parameters
     text = text if isinstance(text, str) else json.dumps(text)
     try:
-        arguments = json.loads(text or "{}")
+        arguments = json.loads(text)
     except (json.JSONDecodeError, RecursionError):  # not JSON, or nested past the parser's depth
         arguments = None
     if not isinstance(arguments, dict):

@@ -24,7 +24,7 @@ from temporality_bus import NatsSettings
 from temporality_embedded import datadir, dlq, status
 from temporality_embedded.natsserver import NatsUser, authorization_block, password_variable
 from temporality_embedded.processes import SERVICES, port_free
-from temporality_embedded.stack import EXAMPLE_AGENT_ID, Stack, StackConfig, TokenFileError
+from temporality_embedded.stack import EXAMPLE_AGENT_ID, Stack, StackConfig, TokenFileError, redacted_url
 from temporality_embedded.supervisor import Supervisor, not_ready
 from temporality_protocol.catalog import EVENTS_STREAM
 from temporality_protocol.permissions import (
@@ -41,6 +41,7 @@ __all__ = [
     "DEFAULT_EXTERNAL_AGENTS",
     "DEFAULT_SUBSCRIBERS",
     "build_parser",
+    "database_url",
     "main",
     "nats_authorization",
     "port_free",
@@ -49,6 +50,8 @@ __all__ = [
     "webhook_lines",
 ]
 
+#: The journal's database setting, ``temporality up --database-url``'s default when set.
+DATABASE_URL_ENV = "TEMPORALITY_DATABASE_URL"
 #: The journal subscriber ``temporality up`` creates when ``--nats-subscriber`` names none (user ``sub-example``).
 DEFAULT_SUBSCRIBERS: tuple[str, ...] = ("example",)
 #: The external agents ``temporality up`` makes NATS users for when ``--nats-external-agent`` names none: the
@@ -202,6 +205,10 @@ def _up(args: argparse.Namespace) -> int:
         args.executor_port = _remembered_port(data_dir / EXECUTOR_PORT_FILE, "run-executor's agent-card port")
     if args.collab_port == -1:
         args.collab_port = _remembered_port(data_dir / COLLAB_PORT_FILE, "agent-collab's agents API port")
+    problem = _database_problem(args)
+    if problem is not None:
+        _out(f"error: {problem}")
+        return 2
     try:
         stack = Stack(stack_config(args))
     except ValueError as exc:
@@ -222,7 +229,8 @@ def _up(args: argparse.Namespace) -> int:
             _out(
                 "Journal read model dropped; the journal replays the events stream from its start (see docs/journal.md)"
             )
-        _out(f"Starting Temporality: nats-server (JetStream) + SQLite + {len(SERVICES)} services ...")
+        database = "SQLite" if stack.database_is_sqlite else "PostgreSQL"
+        _out(f"Starting Temporality: nats-server (JetStream) + {database} + {len(SERVICES)} services ...")
         stack.start()
     except (TokenFileError, ValueError) as exc:  # the API tokens file, the NATS passwords file, the reply key
         _out(f"error: {exc}")
@@ -263,7 +271,10 @@ def _up(args: argparse.Namespace) -> int:
         _out("  JetStream fsync            before every acknowledgement (--sync-always)")
     else:
         _out("  JetStream fsync            every 2 minutes (the server's default; --sync-always: every write)")
-    if stack.config.journal_sqlite_synchronous == "full":
+    _out(f"  Journal database           {stack.database_shown}   ({_database_source(args)})")
+    if not stack.database_is_sqlite:
+        pass  # PostgreSQL commits as the server (or TEMPORALITY_JOURNAL_POSTGRES_SYNCHRONOUS_COMMIT) says
+    elif stack.config.journal_sqlite_synchronous == "full":
         _out("  Journal SQLite fsync       at every commit (synchronous=FULL)")
     else:
         _out(
@@ -332,6 +343,37 @@ def _up(args: argparse.Namespace) -> int:
     return code
 
 
+def database_url(args: argparse.Namespace) -> str | None:
+    """The journal's database ``temporality up`` runs with: ``--database-url``, else the environment's
+    ``TEMPORALITY_DATABASE_URL`` (empty: unset), else ``None`` (SQLite in the data dir)."""
+    return args.database_url or os.environ.get(DATABASE_URL_ENV) or None
+
+
+def _database_source(args: argparse.Namespace) -> str:
+    """Where the banner's journal database comes from."""
+    if args.database_url:
+        return "--database-url"
+    if os.environ.get(DATABASE_URL_ENV):
+        return f"{DATABASE_URL_ENV} of the environment"
+    return f"the data dir's SQLite; --database-url or {DATABASE_URL_ENV}: PostgreSQL"
+
+
+def _database_problem(args: argparse.Namespace) -> str | None:
+    """Why the journal could not use the database ``temporality up`` was given, before anything starts."""
+    url = database_url(args)
+    if url is None:
+        return None
+    scheme = url.split("://", 1)[0].split("+", 1)[0].lower() if "://" in url else ""
+    if scheme not in ("sqlite", "postgresql", "postgres"):
+        return (
+            f"the journal's database must be SQLite or PostgreSQL (sqlite:///path, postgresql://user:password@host/db), "
+            f"not {redacted_url(url)} ({_database_source(args)})"
+        )
+    if scheme != "sqlite" and args.sqlite_synchronous is not None:
+        return "--sqlite-synchronous applies to the journal on SQLite only; this one is on PostgreSQL"
+    return None
+
+
 def stack_config(args: argparse.Namespace) -> StackConfig:
     """The stack ``temporality up`` runs for its parsed ``args``."""
     return StackConfig(
@@ -345,6 +387,7 @@ def stack_config(args: argparse.Namespace) -> StackConfig:
         collab_port=max(args.collab_port, 0),
         log_format="console",
         api_tokens_file=Path(args.api_tokens_file) if args.api_tokens_file else None,
+        database_url=database_url(args),
         nats_auth=args.nats_auth,
         nats_subscribers=tuple(args.nats_subscriber or DEFAULT_SUBSCRIBERS),
         nats_external_agents=tuple(args.nats_external_agent or DEFAULT_EXTERNAL_AGENTS),
@@ -466,7 +509,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the version (and the git commit when run from a checkout) and exit",
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    p_up = commands.add_parser("up", help="run nats-server, SQLite and every service on this machine")
+    p_up = commands.add_parser(
+        "up",
+        help="run nats-server, the journal's database (SQLite, or your PostgreSQL) and every service on this machine",
+    )
     p_up.add_argument(
         "--data-dir", default=".temporality", help="JetStream store, SQLite journal, logs (default: .temporality)"
     )
@@ -593,6 +639,15 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --rebuild-journal: rebuild even when the events stream no longer holds every event (retention, "
         "a purge): what only the journal's database still has is lost (the rebuild refuses without it)",
+    )
+    p_up.add_argument(
+        "--database-url",
+        default=None,
+        metavar="URL",
+        help="the journal's database, SQLite or PostgreSQL (postgresql://user:password@host:5432/db; the journal "
+        "makes its tables there at start); the banner shows it without the password. Prefer the environment's "
+        f"{DATABASE_URL_ENV}, which is the default: a password on the command line is visible in ps "
+        "(default: <data-dir>/journal.db, SQLite)",
     )
     p_up.add_argument(
         "--api-tokens-file",

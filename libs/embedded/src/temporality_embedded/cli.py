@@ -19,6 +19,7 @@ from typing import Any
 
 import structlog
 import yaml
+from pydantic import ValidationError
 
 from temporality_bus import NatsSettings
 from temporality_embedded import datadir, dlq, status
@@ -679,7 +680,7 @@ def build_parser() -> argparse.ArgumentParser:
         "timers-migrate",
         help="upgrading: move the timers of an older release's one TEMPORALITY_TIMERS stream into the per-service "
         "timers streams, then delete it (as the NATS user timers-migrate, or one with full access: "
-        "TEMPORALITY_NATS_URL, _USER, _PASSWORD)",
+        "TEMPORALITY_NATS_URL, _USER, _PASSWORD, or _CREDS_FILE or _NKEY_SEED_FILE instead of user and password)",
     )
     p_migrate.add_argument("--nats-url", default=None, help="default: TEMPORALITY_NATS_URL or nats://127.0.0.1:4222")
     dlq.add_parser(commands)  # temporality dlq list|show|redrive|purge (temporality_embedded.dlq)
@@ -689,7 +690,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def timers_migrate(url: str | None) -> int:
     """``temporality timers-migrate``: 0 when moved or nothing to move, 1 when it failed (run it again)."""
-    settings = NatsSettings()  # TEMPORALITY_NATS_URL, _USER, _PASSWORD, TLS from the environment
+    try:
+        settings = NatsSettings()  # TEMPORALITY_NATS_URL, _USER, _PASSWORD (or _CREDS_FILE, _NKEY_SEED_FILE), TLS
+    except ValidationError as exc:
+        _out(f"error: NATS settings: {exc.errors()[0]['msg']}")
+        return 2
     return run_timers_migration(settings.model_copy(update={"url": url}) if url else settings, sys.stdout)
 
 

@@ -515,6 +515,8 @@ class Stack:
             "TEMPORALITY_LOG_FORMAT": self.config.log_format,
             "TEMPORALITY_API_TOKENS_FILE": str(self.api_tokens_file),
         }
+        if self.config.nats_url is None:  # the embedded server's users, not a credentials file from the shell
+            env["TEMPORALITY_NATS_CREDS_FILE"] = env["TEMPORALITY_NATS_NKEY_SEED_FILE"] = ""
         if self._nats_users():
             env["TEMPORALITY_NATS_USER"] = name
             env["TEMPORALITY_NATS_PASSWORD"] = self._nats_passwords[name]

@@ -175,11 +175,10 @@ class Bus:
             reconnected_cb=_reconnected,
             error_cb=_error,
             tls=settings.ssl_context(),
-            user=settings.user,
-            password=settings.password.get_secret_value() if settings.password is not None else None,
             inbox_prefix=inbox_prefix or _default_inbox(settings.user),
+            **settings.auth_options(),  # a user and password, a credentials file or an nkey seed file
         )
-        log.info("nats.connected", servers=settings.servers, client=name, user=settings.user)
+        log.info("nats.connected", servers=settings.servers, client=name, user=settings.user, auth=settings.auth)
         bus = cls(nc, settings, name)
         try:
             yield bus

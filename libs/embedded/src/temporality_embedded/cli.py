@@ -19,12 +19,13 @@ from typing import Any
 
 import structlog
 import yaml
+from pydantic import ValidationError
 
 from temporality_bus import NatsSettings
 from temporality_embedded import datadir, dlq, status
 from temporality_embedded.natsserver import NatsUser, authorization_block, password_variable
 from temporality_embedded.processes import SERVICES, port_free
-from temporality_embedded.stack import EXAMPLE_AGENT_ID, Stack, StackConfig, TokenFileError
+from temporality_embedded.stack import EXAMPLE_AGENT_ID, Stack, StackConfig, TokenFileError, redacted_url
 from temporality_embedded.supervisor import Supervisor, not_ready
 from temporality_protocol.catalog import EVENTS_STREAM
 from temporality_protocol.permissions import (
@@ -41,6 +42,7 @@ __all__ = [
     "DEFAULT_EXTERNAL_AGENTS",
     "DEFAULT_SUBSCRIBERS",
     "build_parser",
+    "database_url",
     "main",
     "nats_authorization",
     "port_free",
@@ -49,6 +51,8 @@ __all__ = [
     "webhook_lines",
 ]
 
+#: The journal's database setting, ``temporality up --database-url``'s default when set.
+DATABASE_URL_ENV = "TEMPORALITY_DATABASE_URL"
 #: The journal subscriber ``temporality up`` creates when ``--nats-subscriber`` names none (user ``sub-example``).
 DEFAULT_SUBSCRIBERS: tuple[str, ...] = ("example",)
 #: The external agents ``temporality up`` makes NATS users for when ``--nats-external-agent`` names none: the
@@ -202,6 +206,10 @@ def _up(args: argparse.Namespace) -> int:
         args.executor_port = _remembered_port(data_dir / EXECUTOR_PORT_FILE, "run-executor's agent-card port")
     if args.collab_port == -1:
         args.collab_port = _remembered_port(data_dir / COLLAB_PORT_FILE, "agent-collab's agents API port")
+    problem = _database_problem(args)
+    if problem is not None:
+        _out(f"error: {problem}")
+        return 2
     try:
         stack = Stack(stack_config(args))
     except ValueError as exc:
@@ -222,7 +230,8 @@ def _up(args: argparse.Namespace) -> int:
             _out(
                 "Journal read model dropped; the journal replays the events stream from its start (see docs/journal.md)"
             )
-        _out(f"Starting Temporality: nats-server (JetStream) + SQLite + {len(SERVICES)} services ...")
+        database = "SQLite" if stack.database_is_sqlite else "PostgreSQL"
+        _out(f"Starting Temporality: nats-server (JetStream) + {database} + {len(SERVICES)} services ...")
         stack.start()
     except (TokenFileError, ValueError) as exc:  # the API tokens file, the NATS passwords file, the reply key
         _out(f"error: {exc}")
@@ -263,7 +272,10 @@ def _up(args: argparse.Namespace) -> int:
         _out("  JetStream fsync            before every acknowledgement (--sync-always)")
     else:
         _out("  JetStream fsync            every 2 minutes (the server's default; --sync-always: every write)")
-    if stack.config.journal_sqlite_synchronous == "full":
+    _out(f"  Journal database           {stack.database_shown}   ({_database_source(args)})")
+    if not stack.database_is_sqlite:
+        pass  # PostgreSQL commits as the server (or TEMPORALITY_JOURNAL_POSTGRES_SYNCHRONOUS_COMMIT) says
+    elif stack.config.journal_sqlite_synchronous == "full":
         _out("  Journal SQLite fsync       at every commit (synchronous=FULL)")
     else:
         _out(
@@ -332,6 +344,37 @@ def _up(args: argparse.Namespace) -> int:
     return code
 
 
+def database_url(args: argparse.Namespace) -> str | None:
+    """The journal's database ``temporality up`` runs with: ``--database-url``, else the environment's
+    ``TEMPORALITY_DATABASE_URL`` (empty: unset), else ``None`` (SQLite in the data dir)."""
+    return args.database_url or os.environ.get(DATABASE_URL_ENV) or None
+
+
+def _database_source(args: argparse.Namespace) -> str:
+    """Where the banner's journal database comes from."""
+    if args.database_url:
+        return "--database-url"
+    if os.environ.get(DATABASE_URL_ENV):
+        return f"{DATABASE_URL_ENV} of the environment"
+    return f"the data dir's SQLite; --database-url or {DATABASE_URL_ENV}: PostgreSQL"
+
+
+def _database_problem(args: argparse.Namespace) -> str | None:
+    """Why the journal could not use the database ``temporality up`` was given, before anything starts."""
+    url = database_url(args)
+    if url is None:
+        return None
+    scheme = url.split("://", 1)[0].split("+", 1)[0].lower() if "://" in url else ""
+    if scheme not in ("sqlite", "postgresql", "postgres"):
+        return (
+            f"the journal's database must be SQLite or PostgreSQL (sqlite:///path, postgresql://user:password@host/db), "
+            f"not {redacted_url(url)} ({_database_source(args)})"
+        )
+    if scheme != "sqlite" and args.sqlite_synchronous is not None:
+        return "--sqlite-synchronous applies to the journal on SQLite only; this one is on PostgreSQL"
+    return None
+
+
 def stack_config(args: argparse.Namespace) -> StackConfig:
     """The stack ``temporality up`` runs for its parsed ``args``."""
     return StackConfig(
@@ -345,6 +388,7 @@ def stack_config(args: argparse.Namespace) -> StackConfig:
         collab_port=max(args.collab_port, 0),
         log_format="console",
         api_tokens_file=Path(args.api_tokens_file) if args.api_tokens_file else None,
+        database_url=database_url(args),
         nats_auth=args.nats_auth,
         nats_subscribers=tuple(args.nats_subscriber or DEFAULT_SUBSCRIBERS),
         nats_external_agents=tuple(args.nats_external_agent or DEFAULT_EXTERNAL_AGENTS),
@@ -466,7 +510,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the version (and the git commit when run from a checkout) and exit",
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    p_up = commands.add_parser("up", help="run nats-server, SQLite and every service on this machine")
+    p_up = commands.add_parser(
+        "up",
+        help="run nats-server, the journal's database (SQLite, or your PostgreSQL) and every service on this machine",
+    )
     p_up.add_argument(
         "--data-dir", default=".temporality", help="JetStream store, SQLite journal, logs (default: .temporality)"
     )
@@ -595,6 +642,15 @@ def build_parser() -> argparse.ArgumentParser:
         "a purge): what only the journal's database still has is lost (the rebuild refuses without it)",
     )
     p_up.add_argument(
+        "--database-url",
+        default=None,
+        metavar="URL",
+        help="the journal's database, SQLite or PostgreSQL (postgresql://user:password@host:5432/db; the journal "
+        "makes its tables there at start); the banner shows it without the password. Prefer the environment's "
+        f"{DATABASE_URL_ENV}, which is the default: a password on the command line is visible in ps "
+        "(default: <data-dir>/journal.db, SQLite)",
+    )
+    p_up.add_argument(
         "--api-tokens-file",
         default=None,
         help="role tokens for the APIs (default: <data-dir>/api-tokens.json, created with a fresh admin token)",
@@ -624,7 +680,7 @@ def build_parser() -> argparse.ArgumentParser:
         "timers-migrate",
         help="upgrading: move the timers of an older release's one TEMPORALITY_TIMERS stream into the per-service "
         "timers streams, then delete it (as the NATS user timers-migrate, or one with full access: "
-        "TEMPORALITY_NATS_URL, _USER, _PASSWORD)",
+        "TEMPORALITY_NATS_URL, _USER, _PASSWORD, or _CREDS_FILE or _NKEY_SEED_FILE instead of user and password)",
     )
     p_migrate.add_argument("--nats-url", default=None, help="default: TEMPORALITY_NATS_URL or nats://127.0.0.1:4222")
     dlq.add_parser(commands)  # temporality dlq list|show|redrive|purge (temporality_embedded.dlq)
@@ -634,7 +690,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def timers_migrate(url: str | None) -> int:
     """``temporality timers-migrate``: 0 when moved or nothing to move, 1 when it failed (run it again)."""
-    settings = NatsSettings()  # TEMPORALITY_NATS_URL, _USER, _PASSWORD, TLS from the environment
+    try:
+        settings = NatsSettings()  # TEMPORALITY_NATS_URL, _USER, _PASSWORD (or _CREDS_FILE, _NKEY_SEED_FILE), TLS
+    except ValidationError as exc:
+        _out(f"error: NATS settings: {exc.errors()[0]['msg']}")
+        return 2
     return run_timers_migration(settings.model_copy(update={"url": url}) if url else settings, sys.stdout)
 
 

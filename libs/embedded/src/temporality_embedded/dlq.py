@@ -513,6 +513,7 @@ def settings_for(args: argparse.Namespace) -> NatsSettings:
         except (OSError, ValueError) as exc:
             raise DlqError(f"--data-dir {data_dir}: no NATS port of a `temporality up` there ({exc})") from None
         overrides["url"] = f"nats://127.0.0.1:{port}"
+        overrides |= {"creds_file": None, "nkey_seed_file": None}  # the stack's own users, not the shell's files
         passwords = data_dir / _UP_PASSWORDS_FILE
         if passwords.is_file():  # absent: temporality up --no-nats-auth
             try:
@@ -529,6 +530,8 @@ def settings_for(args: argparse.Namespace) -> NatsSettings:
     ):
         if getattr(args, flag) is not None:
             overrides[key] = getattr(args, flag)
+    if args.user is not None:  # the flag's user and password over the environment's credentials or nkey file
+        overrides |= {"creds_file": None, "nkey_seed_file": None}
     if args.password_file is not None:
         try:
             overrides["password"] = args.password_file.read_text(encoding="utf-8").strip()

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import subprocess
 import sys
+import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +55,7 @@ __all__ = [
     "ensure_secret_file",
     "ensure_tokens_file",
     "migrate_timers",
+    "redacted_url",
     "sign_listed_agent",
     "stop_tiers",
 ]
@@ -118,7 +121,10 @@ class StackConfig:
     #: Connect the services to this NATS (a cluster: its nodes' URLs, comma-separated) instead of starting
     #: the embedded nats-server; the caller runs it (and :attr:`nats_auth` does not apply).
     nats_url: str | None = None
-    database_url: str | None = None  # default: SQLite under data_dir
+    #: The journal's database (its ``TEMPORALITY_DATABASE_URL``): a SQLAlchemy URL of SQLite or PostgreSQL
+    #: (``postgresql://user:password@host:5432/db``); ``None``: SQLite in ``<data_dir>/journal.db``.
+    #: ``temporality up --database-url``, by default the environment's ``TEMPORALITY_DATABASE_URL``.
+    database_url: str | None = None
     log_format: str = "console"
     extra_env: Mapping[str, str] = field(default_factory=dict)
     #: The role tokens every API accepts (``TEMPORALITY_API_TOKENS_FILE``). ``None``: ``<data_dir>/api-tokens.json``,
@@ -198,6 +204,33 @@ def migrate_timers(url: str, user: str | None = None, password: str | None = Non
     (:func:`temporality_service.timers_migrate.migrate`) as ``user`` (full access, or ``timers-migrate``); ``None``
     when there was nothing to move. Blocking (callable from a running loop)."""
     return migrate(NatsSettings(url=url, user=user, password=SecretStr(password) if password is not None else None))
+
+
+#: Query parameters of a database URL that hold a secret (libpq's ``password``, ``sslpassword``).
+_SECRET_QUERY = re.compile(r"(?i)^(password|sslpassword|passwd|pwd)$")
+
+
+def redacted_url(url: str) -> str:
+    """``url`` without its secrets, for a banner or a log: the password of its user part (``user:***@host``) and
+    of any ``password=`` query parameter become ``***``. A URL that does not parse is shown as its scheme only."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        netloc = parts.netloc
+        if "@" in netloc:
+            userinfo, host = netloc.rsplit("@", 1)
+            if ":" in userinfo:
+                userinfo = userinfo.split(":", 1)[0] + ":***"
+            netloc = f"{userinfo}@{host}"
+        query = parts.query
+        pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
+        if any(_SECRET_QUERY.match(key) for key, _value in pairs):
+            shown = [(key, "***" if _SECRET_QUERY.match(key) else value) for key, value in pairs]
+            query = urllib.parse.urlencode(shown, safe="*/:")
+        if (netloc, query) == (parts.netloc, parts.query):
+            return url  # nothing secret (urlunsplit would also drop the empty host of sqlite:////abs/path)
+        return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
+    except ValueError:
+        return url.split(":", 1)[0] + "://***"
 
 
 def ensure_nats_passwords(path: Path, users: Iterable[str]) -> dict[str, str]:
@@ -440,7 +473,17 @@ class Stack:
 
     @property
     def database_url(self) -> str:
+        """The journal's database: :attr:`StackConfig.database_url`, else SQLite in the data dir."""
         return self.config.database_url or f"sqlite+aiosqlite:///{self.data_dir / 'journal.db'}"
+
+    @property
+    def database_shown(self) -> str:
+        """:attr:`database_url` as the banner shows it: without its password (:func:`redacted_url`)."""
+        return redacted_url(self.database_url)
+
+    @property
+    def database_is_sqlite(self) -> bool:
+        return self.database_url.lower().startswith("sqlite")
 
     def urls(self, name: str) -> list[str]:
         """The base URL of every replica of the HTTP service ``name`` (once started: extra replicas listen on a
@@ -472,6 +515,8 @@ class Stack:
             "TEMPORALITY_LOG_FORMAT": self.config.log_format,
             "TEMPORALITY_API_TOKENS_FILE": str(self.api_tokens_file),
         }
+        if self.config.nats_url is None:  # the embedded server's users, not a credentials file from the shell
+            env["TEMPORALITY_NATS_CREDS_FILE"] = env["TEMPORALITY_NATS_NKEY_SEED_FILE"] = ""
         if self._nats_users():
             env["TEMPORALITY_NATS_USER"] = name
             env["TEMPORALITY_NATS_PASSWORD"] = self._nats_passwords[name]

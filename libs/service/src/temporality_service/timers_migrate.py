@@ -20,6 +20,7 @@ import sys
 from typing import TextIO
 
 import nats.errors
+from pydantic import ValidationError
 
 from temporality_bus import Bus, NatsSettings
 from temporality_bus.errors import TransientError
@@ -84,7 +85,12 @@ def main(argv: list[str] | None = None, stdout: TextIO | None = None, stderr: Te
         )
         return 2
     configure_logging(LogSettings(), service=TIMERS_MIGRATION_USER)  # TEMPORALITY_LOG_LEVEL, _FORMAT; on stderr
-    return run(NatsSettings(), stdout)
+    try:
+        settings = NatsSettings()
+    except ValidationError as exc:  # e.g. a credentials file and a password both set
+        (stderr or sys.stderr).write(f"error: NATS settings: {exc.errors()[0]['msg']}\n")
+        return 2
+    return run(settings, stdout)
 
 
 if __name__ == "__main__":

@@ -407,12 +407,19 @@ def _downgrade_steps(found: str, target: str) -> list[Migration]:
     return steps
 
 
-def _upgrade(connection: Connection) -> None:
+def _upgrade(connection: Connection) -> str | None:
+    """Bring the schema to the newest revision; the revision it was at (``None``: not versioned). Run under the
+    migrations' lock (PostgreSQL), so what it found is what this start migrated from: a replica that waited for
+    another's migration finds the newest revision and migrates nothing."""
     tables = set(inspect(connection).get_table_names())
     config = _alembic(connection)
     found = _version_of(connection)
     if found is not None and not _known(found):
         raise SchemaTooNew(found)  # instead of Alembic's "Can't locate revision identified by …"
+    head = head_revision()
+    if found != head:
+        # a migration may take a while (0003 rewrites every event): the log says why the start waits
+        log.info("database.migrating", revision=found or "none", to=head)
     if "events" in tables and VERSION_TABLE not in tables:
         # ``create_all`` made the models' tables of its day: with ``asks`` that is revision 0002's schema
         if "traceparent" in {column["name"] for column in inspect(connection).get_columns("events")}:
@@ -424,6 +431,7 @@ def _upgrade(connection: Connection) -> None:
         log.info("database.stamped", revision=revision, reason="tables made before migrations existed")
         command.stamp(config, revision)
     command.upgrade(config, "head")
+    return found
 
 
 #: Tables :meth:`Database.reset_read_model` keeps: not rebuilt from the streams (the sign-outs are in no stream).
@@ -482,16 +490,13 @@ class Database:
         engine = _engine(parsed, args, durability or DatabaseDurability())
         try:
             database = cls(engine)
-            before = await database.revision()
-            head = head_revision()
-            if before != head and (before is None or _known(before)):
-                # a migration may take a while (0003 rewrites every event): the log says why the start waits
-                log.info("database.migrating", revision=before or "none", to=head)
-            await database.create_tables()
+            before = await database.create_tables()
             await database._choose_fold_collation()
             revision = await database.revision()
             # after an upgrade the log says whether Alembic migrated anything: "0005_revoked -> 0006_reruns",
-            # "none -> …" for a new (or unversioned) database, false when it was at the newest revision already
+            # "none -> …" for a new (or unversioned) database, false when it was at the newest revision already --
+            # also for a replica that started with another on an older database and waited for its migration
+            # (``before`` is read under the migrations' lock, see :func:`_upgrade`)
             migrated = f"{before or 'none'} -> {revision}" if before != revision else False
             log.info(
                 "database.ready",
@@ -518,8 +523,10 @@ class Database:
         finally:
             await engine.dispose()
 
-    async def create_tables(self) -> None:
-        """Bring the schema to the newest revision (Alembic), creating it in an empty database."""
+    async def create_tables(self) -> str | None:
+        """Bring the schema to the newest revision (Alembic), creating it in an empty database. The revision the
+        database was at when this start held the migrations' lock (``None``: not versioned): the newest one when
+        another replica migrated it meanwhile."""
         async with self.engine.begin() as conn:
             if self.dialect == "postgresql":
                 key = {"key": _DDL_LOCK_KEY}
@@ -527,7 +534,7 @@ class Database:
                     # another replica migrates (or a downgrade runs): the log says why this start waits
                     log.info("database.migration_lock_waiting", detail="another journal holds the migrations' lock")
                     await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), key)
-            await conn.run_sync(_upgrade)
+            return await conn.run_sync(_upgrade)
 
     async def revision(self) -> str | None:
         """The schema revision the database is at (``None``: not versioned)."""

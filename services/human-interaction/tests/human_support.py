@@ -51,6 +51,7 @@ from temporality_protocol.catalog import (
     TIMERS_STREAMS,
     subject_for,
 )
+from temporality_protocol.events import HumanAskKind
 from temporality_service import ApiAuthSettings, ApiToken, Role
 from temporality_service.auth import dump_tokens
 from temporality_testing.telegram_emulator import TelegramEmulator, TelegramUser
@@ -81,6 +82,8 @@ def requested(
     context: str = "The PR removes /v1; two internal clients still call it.",
     agent_display_name: str | None = None,
     tenant: str | None = None,
+    reason: str | None = None,
+    reason_kind: HumanAskKind | None = None,
 ) -> Envelope:
     """A ``human.requested`` as run-executor would publish it."""
     request_id = request_id or new_id("hreq")
@@ -95,6 +98,8 @@ def requested(
         recipient=recipient,
         question=question,
         context=context,
+        reason=reason,
+        reason_kind=reason_kind,
         options=OPTIONS if options is None else options,
         allow_free_text=allow_free_text,
         answer_schema=answer_schema,

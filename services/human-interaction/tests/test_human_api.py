@@ -55,7 +55,7 @@ async def test_inbox_lists_only_the_token_owners_pending_requests_newest_first(
     assert [r["id"] for r in alice["requests"]] == [newer, older]
     item = alice["requests"][0]
     assert set(item) == {
-        "id", "run_id", "title", "question", "context", "options", "allow_free_text",
+        "id", "run_id", "title", "question", "context", "reason", "reason_kind", "options", "allow_free_text",
         "channel", "created_at", "expires_at", "at_deadline", "waiting_s", "source_link", "answer_schema", "form",
     }  # fmt: skip
     assert item["waiting_s"] >= 0

@@ -161,3 +161,43 @@ def test_the_inbox_expired_detail_says_what_the_run_did() -> None:
     detail = refusal_for(expired).detail
     assert detail.startswith("expired at 2026-12-01T14:30:00+00:00 without an answer: ")
     assert detail.endswith("the run went ahead with the default: “Keep the v1 contract”")
+
+
+def test_why_the_agent_asks_is_one_line_cut_after_the_context_and_consequences_before_the_question() -> None:
+    """OBS-1: ``Why: <reason>`` only with a reason, on one line; a message over the limit loses the context and the
+    consequences first, then the reason, and keeps the question's start."""
+    reason = "Publishing is irreversible,\n  a person must approve"
+    text = question_text(_record(reason=reason, reason_kind="approval"))
+    assert "\nWhy: Publishing is irreversible, a person must approve\n" in text
+    assert "Why" not in question_text(_record())
+    assert "Why" not in question_text(_record(reason="  \n "))
+
+    long = _record(reason="r" * 200, context="c" * 1000, question="Keep v1? " + "q" * 300)
+
+    def render(r: HumanRequestRecord, note: str | None) -> str:
+        return question_text(r, note=note)
+
+    whole = render(long, None)
+    # room for everything but 200 characters: the context goes, the reason stays whole
+    kept = fitted(long, render, len, len(whole) - 200)
+    assert "\nWhy: " + "r" * 200 + "\n" in kept
+    assert "c" * 900 not in kept
+    # room for much less: the context and the reason are gone, the question's start is still there
+    short = fitted(long, render, len, len(whole) - 1300)
+    assert "Why:" not in short
+    assert "Keep v1? qqq" in short
+    assert len(short) <= len(whole) - 1300
+
+
+def test_the_egress_redacts_the_reason_and_names_it_when_it_cut_it() -> None:
+    secret = "ghp_" + "Ww7Nc6Bv5Vc4Xz3Lk2Jh1" * 2
+    policy = EgressPolicy.build(limits={"tiny": 50})
+    stored = policy.redact_record(_record(reason=f"token {secret} leaked", reason_kind="approval"))
+    assert stored.reason == "token [REDACTED:github_token] leaked"
+    assert stored.redactions == {"github_token": 1}
+    shown, cut = policy.for_channel(_record(reason="x" * 120), "tiny")
+    assert cut == ["reason"]
+    assert policy.truncated(_record(reason="x" * 120), "tiny") == ["reason"]
+    assert shown.reason is not None
+    assert was_truncated(shown)
+    assert policy.for_channel(_record(), "tiny")[0].reason is None

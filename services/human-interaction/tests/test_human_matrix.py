@@ -382,3 +382,22 @@ async def test_an_outcome_edit_over_the_matrix_event_limit_is_cut_to_fit_options
         assert f"<li><b>Option {n}</b>" in new["formatted_body"]
     assert "…(cut; full question in the inbox: https://temporality.example.org/#/inbox)" in new["body"]
     assert matrix_content_size(edit["content"]) <= MATRIX_CONTENT_LIMIT
+
+
+async def test_the_question_on_matrix_says_why_the_agent_asks_escaped(
+    bus: Bus, bot: tuple[MatrixAdapter, RequestHandler], alice: MatrixPerson, matrix_accounts: dict[str, MatrixAccount]
+) -> None:
+    """OBS-1 for the person on the real homeserver: ask_human's ``reason`` is one ``Why:`` line of the body and a
+    paragraph of the HTML, where markup in it is text (escaped), never formatting."""
+    event = requested(
+        title="Publish release 2.0",
+        reason="Publishing is <b>irreversible</b> & a person must approve",
+        reason_kind="approval",
+    )
+    await bot[1].handle(event)
+    bot_id = matrix_accounts["bot"].user_id
+    _, question = await alice.wait_for_question(bot_id, "Publish release 2.0")
+    body, html = question["content"]["body"], question["content"]["formatted_body"]
+    assert "\nWhy: Publishing is <b>irreversible</b> & a person must approve\n" in body
+    assert "<p><b>Why:</b> Publishing is &lt;b&gt;irreversible&lt;/b&gt; &amp; a person must approve</p>" in html
+    assert html.index("Why:") < html.index("asks:")

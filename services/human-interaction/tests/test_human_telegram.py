@@ -526,3 +526,45 @@ async def test_a_bare_message_answers_the_chats_one_open_question_else_says_how_
     ), told["text"]
     await exactly(bus, "human.answered", 2)
     assert (await stored(bus, newest)).answer == OptionAnswer(option_id="keep-v1", label="Keep the v1 API")  # type: ignore[union-attr]
+
+
+async def test_the_question_says_why_the_agent_asks_on_telegram_and_in_the_inbox(
+    bus: Bus,
+    intake: RequestHandler,
+    emulator: TelegramEmulator,
+    tg_directory: Directory,
+    channels: tuple[dict[str, ChannelAdapter], AnswerRouter],
+) -> None:
+    """OBS-1 for the person: ask_human's ``reason`` is one ``Why:`` line of the chat question (its line breaks
+    collapsed, a secret in it redacted) and the inbox API's ``reason`` / ``reason_kind``; a question without a
+    reason has no such line and null fields."""
+    secret = "ghp_" + "Tg7Nc6Bv5Vc4Xz3Lk2Jh1" * 2
+    request_id, message = await ask_on_telegram(
+        bus,
+        intake,
+        emulator,
+        reason=f"Publishing is irreversible,\na person must approve ({secret})",
+        reason_kind="approval",
+    )
+    text = message["text"]
+    why = [line for line in text.splitlines() if line.startswith("Why: ")]
+    assert why == ["Why: Publishing is irreversible, a person must approve ([REDACTED:github_token])"]
+    # after the context, before who asks
+    assert text.index("two internal clients") < text.index(why[0]) < text.index("🤖 reviewer (agent) asks:")
+    assert secret not in text
+
+    plain_id, plain = await ask_on_telegram(bus, intake, emulator, title="Review PR 43")
+    assert "Why:" not in plain["text"]
+
+    app = create_app(Settings(bus_timeout_s=5.0), bus, tg_directory, channels[1])
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://human.test") as web:
+        got = await web.get("/inbox", headers={"Authorization": "Bearer alice-demo-inbox-token-change-me"})
+    assert got.status_code == 200, got.text
+    items = {item["id"]: item for item in got.json()["requests"]}
+    assert items[request_id]["reason"] == "Publishing is irreversible,\na person must approve ([REDACTED:github_token])"
+    assert items[request_id]["reason_kind"] == "approval"
+    assert items[plain_id]["reason"] is None
+    assert items[plain_id]["reason_kind"] is None
+    schema = app.openapi()["components"]["schemas"]["InboxItem"]["properties"]  # documented for API clients
+    assert "why the agent asks" in schema["reason"]["description"]
+    assert "approval" in schema["reason_kind"]["description"]

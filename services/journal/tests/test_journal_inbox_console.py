@@ -104,6 +104,13 @@ async def test_answer_in_the_inbox_and_watch_the_run_complete(
     card = page.locator("#inbox .inbox-item")
     await expect(card.locator("h2")).to_contain_text("changes a public API contract")
     await expect(card.locator(".why")).to_contain_text("Missing: whether backward compatibility is required")
+    # OBS-1: why the agent asks (the scripted Reviewer's ask_human reason), its kind as a label; the context then
+    # reads as the context
+    await expect(card.locator(".reason")).to_have_text(
+        "Decision Why: API contract change, backward compatibility undecided"
+    )
+    await expect(card.locator(".reason .reason-kind")).to_have_text("Decision")
+    await expect(card.locator(".why strong")).to_have_text("Context:")
     await expect(card.locator(".deadline")).to_contain_text("Answer by")
     # config/triggers.yaml: on_timeout {action: default, default_option: keep-v1} -- from the item's at_deadline,
     # the deadline said once (in the browser's time, its zone named), not again in UTC as the chats' sentence has it

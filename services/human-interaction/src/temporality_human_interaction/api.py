@@ -63,6 +63,7 @@ from temporality_human_interaction.settings import Settings
 from temporality_human_interaction.store import DirectoryStore
 from temporality_human_interaction.validation import summary
 from temporality_protocol import HumanAnswer, HumanOption, HumanRequestState, SourceLink
+from temporality_protocol.events import HumanAskKind
 from temporality_protocol.forms import field_choices, form_fields
 from temporality_service import (
     HTTP_TELEMETRY,
@@ -161,6 +162,16 @@ class InboxItem(BaseModel):
     title: str
     question: str
     context: str
+    reason: str | None = Field(
+        default=None,
+        description="OBS-1: why the agent asks, in its own short phrase (ask_human's `reason`, at most 200 "
+        "characters, redacted), shown to the person with the question; null when the agent gave none.",
+    )
+    reason_kind: HumanAskKind | None = Field(
+        default=None,
+        description="OBS-1: what kind of help it asks for (ask_human's `reason_kind`): missing_knowledge, decision, "
+        "approval or ambiguity; null when the agent gave none.",
+    )
     options: list[HumanOption]
     allow_free_text: bool
     channel: str | None
@@ -228,6 +239,8 @@ def _common(record: HumanRequestRecord, now: datetime) -> dict[str, Any]:
         "title": record.title,
         "question": record.question,
         "context": record.context,
+        "reason": record.reason,
+        "reason_kind": record.reason_kind,
         "options": record.options,
         "allow_free_text": record.allow_free_text,
         "channel": record.channel,

@@ -1,7 +1,7 @@
 """The egress policy: what may leave the system on a channel (HUM-5, SEC-1).
 
-Everything a person is shown — the question, its context, the title, the options' labels and
-consequences, the texts of a form (``answer_schema``: titles, descriptions, defaults, examples, enum
+Everything a person is shown — the question, its context, why the agent asks (its ``reason``), the title,
+the options' labels and consequences, the texts of a form (``answer_schema``: titles, descriptions, defaults, examples, enum
 labels), a notification's text, a free-text answer quoted in an outcome — passes through
 :class:`EgressPolicy` before a channel carries it:
 
@@ -42,7 +42,7 @@ from typing import Any
 from temporality_bus import evolve
 from temporality_human_interaction.records import HumanRequestRecord
 from temporality_protocol import HumanAnswer, HumanOption, SourceLink, TextAnswer, forms
-from temporality_protocol.events import MAX_TEXT
+from temporality_protocol.events import MAX_REASON, MAX_TEXT
 from temporality_protocol.redaction import (
     BUILTIN_PATTERNS,
     MARKER,
@@ -112,7 +112,7 @@ TRUNCATED = re.compile(r"… \(truncated, [0-9,]+ (?:more characters|characters 
 
 def was_truncated(record: HumanRequestRecord) -> bool:
     """Whether a text of ``record`` as :meth:`EgressPolicy.for_channel` shows it was cut (carries the marker)."""
-    texts = [record.title, record.question, record.context]
+    texts = [record.title, record.question, record.context, record.reason or ""]
     texts += [t for o in record.options for t in (o.label, o.consequence or "")]
     return any(TRUNCATED.search(t) for t in texts)
 
@@ -201,6 +201,8 @@ class EgressPolicy:
             title=clean(record.title),
             question=clean(record.question) or "(redacted)",
             context=clean(record.context),
+            # OBS-1: the agent's short phrase for why it asks (a redacted one stays: it says something was there)
+            reason=(clean(record.reason, MAX_REASON) or None) if record.reason is not None else None,
             options=options,
             answer_schema=form,
             redactions=dict(sorted(counts.items())),
@@ -304,6 +306,7 @@ class EgressPolicy:
             title=fit("title", record.title, short),
             question=fit("question", record.question, limit),
             context=fit("context", record.context, limit),
+            reason=fit("reason", record.reason, short) if record.reason is not None else None,
             options=options,
             source_link=link,
             answer_schema=None if record.answer_schema is None else redact_form(record.answer_schema, self.redact_text),
@@ -337,6 +340,7 @@ class EgressPolicy:
                 ("title", record.title, short),
                 ("question", record.question, limit),
                 ("context", record.context, limit),
+                ("reason", record.reason or "", short),
             )
             if over(text, size)
         ]

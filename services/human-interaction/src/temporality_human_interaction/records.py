@@ -25,7 +25,7 @@ from temporality_protocol import (
     SourceLink,
 )
 from temporality_protocol.catalog import BUCKET_HUMAN_REQUESTS
-from temporality_protocol.events import DeliveryAttempt
+from temporality_protocol.events import DeliveryAttempt, HumanAskKind
 
 __all__ = [
     "MAX_LATE_ANSWERS",
@@ -102,6 +102,11 @@ class HumanRequestRecord(BaseModel):
     members: list[str] = Field(default_factory=list)
     question: str
     context: str = ""
+    #: OBS-1: the agent's short phrase for why it asks (``human.requested``'s ``reason``) and what kind of help it
+    #: asks for (``reason_kind``): shown to the person with the question (the inbox, the chat messages' ``Why:``
+    #: line). None when the agent gave none, and on a record stored before 2026-12-07.
+    reason: str | None = None
+    reason_kind: HumanAskKind | None = None
     options: list[HumanOption] = Field(default_factory=list)
     allow_free_text: bool = True
     #: A form the answer must fit (``HumanRequested.answer_schema``): a misfit is refused (422) before binding.
@@ -213,6 +218,8 @@ class HumanRequestRecord(BaseModel):
             recipient=payload.recipient,
             question=payload.question,
             context=payload.context,
+            reason=payload.reason,
+            reason_kind=payload.reason_kind,
             options=list(payload.options),
             allow_free_text=payload.allow_free_text,
             answer_schema=payload.answer_schema,

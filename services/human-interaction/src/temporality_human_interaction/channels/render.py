@@ -1,8 +1,8 @@
 """The question a person sees and the outcome it is edited to, rendered once for every chat transport (HUM-5).
 
 Compact and self-contained: the task (title), a link to its source (the PR's web page, when the
-run's launch event had one), why the agent asks (the context, truncated), which agent asks and the
-question, the options numbered with what each leads to, the deadline and what happens if nobody
+run's launch event had one), the context (truncated), why the agent asks (its ``reason``, OBS-1: one line
+``Why: <reason>``, whitespace collapsed, only when it gave one), which agent asks and the question, the options numbered with what each leads to, the deadline and what happens if nobody
 answers. Never the run's technical context beyond that. The adapters' public methods hand these functions
 a record the egress policy already redacted and truncated for their channel (:mod:`..egress`). Plain text (Telegram) and HTML with a plain
 fallback (Matrix ``formatted_body``).
@@ -10,7 +10,7 @@ fallback (Matrix ``formatted_body``).
 **The whole message fits the channel** (:func:`fitted`): the egress policy caps each field, but ten options
 with long consequences still add up past what a transport takes (Telegram: 4,096 characters of text; Matrix: an
 event of 64 KiB). The message is cut least important part first -- the context, then the options'
-consequences, then the question, then the source link, and only as a last resort the options' labels and the
+consequences, then the reason, then the question, then the source link, and only as a last resort the options' labels and the
 title -- each cut part ending in ``…``, with one visible line saying so (and where the whole question is: the
 web inbox, when :attr:`..channels.ChannelAdapter.inbox_url` is set). The options' numbers and the way to answer
 are never cut. The edited outcome is fitted the same way (the outcome line counted in).
@@ -71,6 +71,7 @@ __all__ = [
     "telegram_size",
     "timeout_outcome",
     "utf16_len",
+    "why_line",
 ]
 
 #: A free-text answer quoted in an outcome line is cut to this many characters. (The question's own text is
@@ -270,6 +271,13 @@ def run_ref(record: HumanRequestRecord) -> str:
     return f"run {(rest or record.run_id)[:8]}"
 
 
+def why_line(record: HumanRequestRecord) -> str | None:
+    """``Why: <reason>``: the agent's short phrase for why it asks (OBS-1), on one line (its whitespace, line breaks
+    included, collapsed); None when it gave none (or :func:`fitted` cut it away)."""
+    reason = " ".join((record.reason or "").split())
+    return f"Why: {reason}" if reason else None
+
+
 def _asker(record: HumanRequestRecord) -> str:
     """Who asks: the agent, by its card's display name with its id when the card has one, else by its id."""
     if record.agent_display_name and record.agent_display_name != record.agent:
@@ -288,6 +296,9 @@ def question_text(
         lines += [f"🔗 {record.source_link.label or 'Source'}: {record.source_link.href}", ""]
     if record.context.strip():
         lines += [record.context.strip(), ""]
+    why = why_line(record)
+    if why:
+        lines += [why, ""]
     lines += [_asker(record), record.question]
     for number, option in enumerate(record.options, start=1):
         consequence = f" — {option.consequence}" if option.consequence else ""
@@ -317,6 +328,9 @@ def question_html(
         out.append(f'<p>🔗 <a href="{esc(link.href, quote=True)}">{esc(link.label or link.href)}</a></p>')
     if record.context.strip():
         out.append(f"<p>{esc(record.context.strip())}</p>")
+    why = why_line(record)
+    if why:
+        out.append(f"<p><b>Why:</b> {esc(why.removeprefix('Why: '))}</p>")
     out.append(f"<p>{esc(_asker(record))} {esc(record.question)}</p>")
     if record.options:
         items = "".join(
@@ -413,6 +427,7 @@ _STAGES: tuple[
 ] = (
     (lambda r, n: r.model_copy(update={"context": _cut(r.context, n)}), 0, lambda r: len(r.context)),
     (_with_consequences, 0, lambda r: max((len(o.consequence or "") for o in r.options), default=0)),
+    (lambda r, n: r.model_copy(update={"reason": _cut(r.reason or "", n) or None}), 0, lambda r: len(r.reason or "")),
     (lambda r, n: r.model_copy(update={"question": _cut(r.question, n)}), 40, lambda r: len(r.question)),
     (_without_link, 0, lambda r: 1 if r.source_link is not None else 0),
     (_with_labels, 12, lambda r: max((len(o.label) for o in r.options), default=0)),
@@ -434,7 +449,7 @@ def fitted(
 
     ``render`` builds the whole message (the question, a banner, an outcome line: all of it counts) from the record
     and a note line (None: nothing was cut). Each stage of :data:`_STAGES` cuts one part (the context, the
-    consequences, the question, the source link, the labels, the title) only as far as needed: the longest that
+    consequences, the reason, the question, the source link, the labels, the title) only as far as needed: the longest that
     fits is found by bisection; a stage that cannot make it fit cuts its part to its smallest and the next one goes
     on. The options (their numbers) and the way to answer stay. Should even that not fit (hundreds of options), the
     smallest is returned: the transport refuses it and the delivery goes to the person's next channel."""

@@ -3518,7 +3518,8 @@ function inboxCard(item, signal) {
           h("a", { href: link.href, target: "_blank", rel: "noopener noreferrer" }, link.label || link.href))
       : null,
     h("h2", { id: `q-${item.id}`, class: "question" }, item.question),
-    item.context ? h("p", { class: "why" }, h("strong", {}, "Why: "), item.context) : null,
+    reasonLine(item),
+    item.context ? h("p", { class: "why" }, h("strong", {}, item.reason ? "Context: " : "Why: "), item.context) : null,
     optionButtons.length ? h("ul", { class: "options", "aria-label": "Options" }, optionButtons) : null,
     textForm,
     h("p", { class: "deadline" },
@@ -3528,6 +3529,19 @@ function inboxCard(item, signal) {
     status,
   ].filter(Boolean));
   return card;
+}
+
+// Why the agent asks (OBS-1: ask_human's `reason`, its short phrase) with what kind of help it wants as a label
+// (the analytics' names of the kinds, capitalized); nothing when it gave no reason (the context then reads as the
+// why, as before).
+function reasonLine(item) {
+  if (!item.reason) return null;
+  const name = item.reason_kind ? String(REASON_KINDS[item.reason_kind] ?? item.reason_kind) : "";
+  const kind = name ? name[0].toUpperCase() + name.slice(1) : null;
+  return h("p", { class: "reason" },
+    kind ? h("span", { class: "reason-kind", dataset: { kind: item.reason_kind } }, kind) : null,
+    kind ? " " : null,
+    h("strong", {}, "Why: "), item.reason);
 }
 
 // Which run asks, and when: two runs asking the same question (two deliveries of one PR) read apart. The run

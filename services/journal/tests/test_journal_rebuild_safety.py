@@ -105,9 +105,10 @@ async def test_nats_unreachable_fails_fast_and_changes_nothing(
     database as it was (the old order emptied it and then retried NATS forever)."""
     events = await _recorded_runs(tmp_path, nats_settings, bus, database_url, story)
     url = f"nats://127.0.0.1:{_closed_port()}"
-    code, out, took = await _rebuild(env=_env(url, database_url))
+    # "fails fast" is that it ends at all (the old order retried NATS forever): bounded by _rebuild's wait,
+    # never by a wall-clock figure a loaded CI machine can miss
+    code, out, _ = await _rebuild(env=_env(url, database_url), within_s=90.0)
     assert code == 1, out
-    assert took < 20, f"took {took:.1f} s"
     assert "journal.rebuild_refused" in out
     assert f"NATS at {url} did not answer" in out
     assert "nothing was changed" in out

@@ -390,6 +390,10 @@ _REDACTS = re.compile(r"\bprocess_redactor\(|\bREDACT_PATTERNS_ENV\b|\begress_re
 #: Operator commands (not services) that redact with the deployment's patterns: they read the variable from the
 #: shell they run in (``temporality dlq show``, docs/operations.md "Dead letters"), not from compose or the chart.
 _REDACTING_TOOLS = {"libs/embedded/src/temporality_embedded/dlq.py"}
+#: Library code every service runs that redacts with the deployment's patterns where the service has them and
+#: with the built-in ones elsewhere: ``/readyz``'s detail of a failing check (libs/service health.py). It does not
+#: make a service a redacting one; the run-executor, whose checks carry third-party text (MCP servers' errors), is.
+_REDACTING_WHERE_GIVEN = {"libs/service/src/temporality_service/health.py"}
 
 
 def _redacting_services() -> set[str]:
@@ -399,7 +403,7 @@ def _redacting_services() -> set[str]:
         p.relative_to(ROOT).as_posix()
         for p in ROOT.glob("libs/*/src/**/*.py")
         if p.name != "redaction.py"
-        and p.relative_to(ROOT).as_posix() not in _REDACTING_TOOLS
+        and p.relative_to(ROOT).as_posix() not in _REDACTING_TOOLS | _REDACTING_WHERE_GIVEN
         and _REDACTS.search(p.read_text(encoding="utf-8"))
     ]
     assert libraries == [], f"a library redacts ({libraries}): count the services using it here"

@@ -185,7 +185,8 @@ def test_compose_postgres(compose: dict[str, Any]) -> None:
     expected = (
         f"postgresql+asyncpg://{env['POSTGRES_USER']}:{env['POSTGRES_PASSWORD']}@postgres:5432/{env['POSTGRES_DB']}"
     )
-    assert url == expected
+    # your own PostgreSQL's URL from your shell or ./.env, else the bundled one's
+    assert url == f"${{TEMPORALITY_DATABASE_URL:-{expected}}}"
 
 
 @pytest.mark.parametrize("name", SERVICES)
@@ -568,6 +569,31 @@ def test_docker_compose_resolves_the_file_as_docker_compose_up_would(tmp_path: P
     refused = _compose_config(file=tmp_path / "broken.yml")
     assert refused.returncode != 0
     assert "nowhere" in refused.stderr
+
+
+def test_docker_compose_passes_your_own_database_settings_to_the_journal() -> None:
+    """docs/operations.md#tls-to-postgresql: "Compose, your own PostgreSQL": TEMPORALITY_DATABASE_URL,
+    TEMPORALITY_DATABASE_SSLMODE and TEMPORALITY_DATABASE_SSLROOTCERT from your shell or ./.env reach the journal
+    (the URL was fixed to the bundled postgres, so the documented way to use your own did nothing); unset, the
+    journal keeps the bundled postgres with its password."""
+    own = "postgresql+asyncpg://tempo:s3cret@db.example.org:5433/tempo"
+    done = _compose_config(
+        {
+            "TEMPORALITY_DATABASE_URL": own,
+            "TEMPORALITY_DATABASE_SSLMODE": "verify-full",
+            "TEMPORALITY_DATABASE_SSLROOTCERT": "/etc/temporality/pg-ca.pem",
+            "POSTGRES_PASSWORD": "unused",
+        }
+    )
+    assert done.returncode == 0, done.stderr
+    env = json.loads(done.stdout)["services"]["journal"]["environment"]
+    assert env["TEMPORALITY_DATABASE_URL"] == own
+    assert env["TEMPORALITY_DATABASE_SSLMODE"] == "verify-full"
+    assert env["TEMPORALITY_DATABASE_SSLROOTCERT"] == "/etc/temporality/pg-ca.pem"
+    default = _compose_config({"POSTGRES_PASSWORD": "pg-pw"})
+    assert default.returncode == 0, default.stderr
+    url = json.loads(default.stdout)["services"]["journal"]["environment"]["TEMPORALITY_DATABASE_URL"]
+    assert url == "postgresql+asyncpg://temporality:pg-pw@postgres:5432/temporality"
 
 
 # --------------------------------------------------------------------------- Dockerfile

@@ -2363,7 +2363,8 @@ def test_chart_alert_thresholds_and_labels_come_from_the_values() -> None:
     assert rules["TemporalityChannelFailing"]["expr"].endswith("> 0.25")
     assert "> 0.4 and" in rules["TemporalityRunsFailing"]["expr"]
     assert rules["TemporalityRunsFailing"]["expr"].endswith(">= 20")
-    assert rules["TemporalityTargetDown"]["expr"] == 'up{job="temporality"} == 0'
+    # always this release's namespace (tests/test_chart_alert_scope.py), then the selector given
+    assert rules["TemporalityTargetDown"]["expr"] == 'up{namespace="default", job="temporality"} == 0'
     assert all(r["labels"]["team"] == "platform" for r in rules.values())
     assert _alert_rules()["TemporalityTargetDown"]["expr"] == (
         'up{namespace="default", pod=~"t-temporality-.*", pod!~"t-temporality-nats-[0-9]+"} == 0'

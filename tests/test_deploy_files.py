@@ -1412,7 +1412,11 @@ def test_helm_nats_users_and_tls_come_from_secrets() -> None:
         assert env["TEMPORALITY_NATS_TLS_CERT_FILE"]["value"] == "/etc/temporality/nats-tls/tls.crt"
         assert env["TEMPORALITY_NATS_TLS_KEY_FILE"]["value"] == "/etc/temporality/nats-tls/tls.key"
         volume = next(v for v in pod["volumes"] if v["name"] == "nats-tls")
-        assert volume["secret"] == {"secretName": "nats-ca", "defaultMode": 0o400}
+        assert volume["secret"] == {
+            "secretName": "nats-ca",
+            "defaultMode": 0o400,
+            "items": [{"key": k, "path": k} for k in ("ca.crt", "tls.crt", "tls.key")],
+        }
     plain = _deployments()["journal"]["spec"]["template"]["spec"]["containers"][0]
     assert not {e["name"] for e in plain["env"]} & {"TEMPORALITY_NATS_USER", "TEMPORALITY_NATS_TLS_CA_FILE"}
 
@@ -2054,7 +2058,8 @@ def test_helm_network_policies_let_only_the_services_reach_nats(replicas: int) -
     docs = _render(_embedded(replicas, networkPolicy={"enabled": True}))
     pods = _pods(docs)
     policies = _policies(docs)
-    assert set(policies) == {*SERVICES, "nats", TIMERS_MIGRATION_USER}, "every pod kind but the `helm test` pod"
+    # the `helm test` pod's is a test hook (tests/test_chart_test_pod.py)
+    assert set(policies) == {*SERVICES, "nats", TIMERS_MIGRATION_USER, "test-connection"}, "every pod kind"
     nats_policy = policies["nats"]
     ingress = _rules(nats_policy["ingress"], "from", pods)
     clients = {*SERVICES, TIMERS_MIGRATION_USER}
@@ -2063,10 +2068,12 @@ def test_helm_network_policies_let_only_the_services_reach_nats(replicas: int) -
     dns_and_nats = {(53, "UDP"): None, (53, "TCP"): None, (4222, "TCP"): {"nats"}}
     assert _rules(policies[TIMERS_MIGRATION_USER]["egress"], "to", pods) == dns_and_nats
     assert _rules(nats_policy["egress"], "to", pods) == {(53, "UDP"): None, (53, "TCP"): None, (6222, "TCP"): {"nats"}}
-    # the services: their one port; from anywhere by default (webhooks, the inbox, the console come from outside)
+    # the services: their one port; from anywhere by default (webhooks, the console come from outside), but
+    # human-interaction without its Ingress: the journal's /human/ proxy only (tests/test_chart_pod_hardening.py)
     for name in SERVICES:
         port = CATALOGUE[name].http_port or WORKER_HEALTH_PORT
-        assert _rules(policies[name]["ingress"], "from", pods) == {(port, "TCP"): None}, name
+        admitted = {"journal"} if name == "human-interaction" else None
+        assert _rules(policies[name]["ingress"], "from", pods) == {(port, "TCP"): admitted}, name
         # egress: anywhere for the two that talk to the outside (the model provider; Matrix, Telegram, SMTP), only
         # DNS and NATS (and the journal's proxies) for the rest: tests/test_chart_network_policy_egress.py
         if name in ("run-executor", "human-interaction"):

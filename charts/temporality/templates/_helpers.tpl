@@ -222,7 +222,8 @@ it (the embedded server's Secret holds the server's key); `cert`, the Secret wit
 `tls.key` ("": no client certificate).
 - The embedded NATS (nats.embedded.tls.existingSecret): its CA; with nats.embedded.tls.mutual, the client's own
   nats.tls.clientCertSecrets.<name> (required: "temporality.natsTlsCheck" names every one missing).
-- An external NATS (nats.tls.existingSecret): its CA; with nats.tls.mutual, the client's own
+- An external NATS (nats.tls.existingSecret): its CA only (caOnly: a cert-manager Secret holds a tls.key too, which
+  a client without mutual TLS has no use for); with nats.tls.mutual, the client's own
   nats.tls.clientCertSecrets.<name>, else the shared tls.crt/tls.key of nats.tls.existingSecret (as before
   per-client Secrets existed).
 */}}
@@ -241,6 +242,7 @@ it (the embedded server's Secret holds the server's key); `cert`, the Secret wit
 {{- end }}
 {{- else if $nats.tls.existingSecret }}
 {{- $ca = $nats.tls.existingSecret }}
+{{- $caOnly = true }}
 {{- if $nats.tls.mutual }}
 {{- $cert = $own | default $ca }}
 {{- $caOnly = ne $cert $ca }}
@@ -253,7 +255,7 @@ it (the embedded server's Secret holds the server's key); `cert`, the Secret wit
 The nats-tls volume of a client's pod for "temporality.natsClientTls"'s answer (given as is): the CA's Secret
 (only its `ca.crt` when caOnly) or, with a Secret of the client's own, both projected into one directory:
 `ca.crt` from the CA's, `tls.crt` and `tls.key` from the client's (never another key of either). Readable by
-the pod's user only.
+the pod's user only. A Secret of both (the shared client certificate of an external NATS): those three keys of it.
 */}}
 {{- define "temporality.natsTlsVolume" -}}
 - name: nats-tls
@@ -277,11 +279,16 @@ the pod's user only.
   secret:
     secretName: {{ .ca }}
     defaultMode: 0400
-    {{- if .caOnly }}
     items:
       - key: ca.crt
         path: ca.crt
-    {{- end }}
+      {{- if not .caOnly }}
+      {{- /* the shared client certificate of nats.tls.existingSecret (mutual TLS) */}}
+      - key: tls.crt
+        path: tls.crt
+      - key: tls.key
+        path: tls.key
+      {{- end }}
 {{- end }}
 {{- end }}
 

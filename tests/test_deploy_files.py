@@ -596,6 +596,52 @@ def test_docker_compose_passes_your_own_database_settings_to_the_journal() -> No
     assert url == "postgresql+asyncpg://temporality:pg-pw@postgres:5432/temporality"
 
 
+#: Where each compose container writes, besides its tmpfs /tmp: a named volume or tmpfs it needs writable.
+_COMPOSE_WRITES = {
+    "nats": ["/data"],  # JetStream's store (-sd)
+    "postgres": ["/var/lib/postgresql/data", "/var/run/postgresql"],  # its data and its socket
+    "collab-reply-key": ["/app/.temporality"],  # makes the reply key there
+    "signin-secrets": ["/app/.temporality"],  # makes the sign-in secrets there
+}
+
+
+def test_docker_compose_hardens_every_container_as_the_chart_does_its_pods() -> None:
+    """Each container (the profiles' too) as the chart's pods and compose's nats-exporter: a read-only root
+    filesystem, no capabilities (postgres's entrypoint: only those to hand its directories to the postgres user and
+    step down to it), no-new-privileges. What each writes stays writable: /tmp (tmpfs), and its data's volume or
+    tmpfs. The five services' images already run read-only in the chart (readOnlyRootFilesystem)."""
+    done = _compose_config({"COMPOSE_PROFILES": "metrics,tools"})
+    assert done.returncode == 0, done.stderr
+    services = json.loads(done.stdout)["services"]
+    assert {"nats-exporter", "tools", *SERVICES} <= set(services)
+    for name, service in services.items():
+        assert service.get("read_only") is True, name
+        assert service.get("cap_drop") == ["ALL"], name
+        assert "no-new-privileges:true" in service.get("security_opt", []), name
+        if name == "postgres":
+            assert sorted(service["cap_add"]) == ["CHOWN", "DAC_OVERRIDE", "FOWNER", "SETGID", "SETUID"]
+        else:
+            assert not service.get("cap_add"), name
+        if name != "nats-exporter":  # it writes nothing
+            assert "/tmp" in service.get("tmpfs", []), name
+        writable = {v["target"] for v in service.get("volumes", []) if not v.get("read_only")}
+        for path in _COMPOSE_WRITES.get(name, []):
+            assert path in writable or path in service.get("tmpfs", []), (name, path)
+    # TLS to NATS (the overrides): nats-server reads its key, 0600 and the host user's, as root: that one
+    # capability back, for nats only
+    for override in ("nats-tls.yml", "nats-mtls.yml"):
+        tls = _compose_config(None, ROOT / "docker-compose.yml", ROOT / "deploy" / "compose" / override)
+        assert tls.returncode == 0, tls.stderr
+        resolved = json.loads(tls.stdout)["services"]
+        assert resolved["nats"]["cap_add"] == ["DAC_OVERRIDE"], override
+        assert resolved["nats"]["cap_drop"] == ["ALL"], override
+        assert not any(resolved[name].get("cap_add") for name in SERVICES), override
+    # the services' config, secrets and reply key stay read-only mounts
+    for name in SERVICES:
+        mounts = {v["target"]: v.get("read_only", False) for v in services[name].get("volumes", [])}
+        assert mounts.get("/app/config") is True, name
+
+
 # --------------------------------------------------------------------------- Dockerfile
 @dataclass
 class Stage:

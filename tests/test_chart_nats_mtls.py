@@ -65,6 +65,13 @@ TLS_ENV = {
 #: The old single Secret of an external NATS's mutual TLS (ca.crt, tls.crt, tls.key).
 SHARED = "nats-client"
 
+#: The keys a client mounts of the shared Secret of an external NATS (mutual TLS): never another one of it.
+SHARED_KEYS = [
+    {"key": "ca.crt", "path": "ca.crt"},
+    {"key": "tls.crt", "path": "tls.crt"},
+    {"key": "tls.key", "path": "tls.key"},
+]
+
 
 def _mtls(replicas: int = 1, **extra: Any) -> dict[str, Any]:
     """The embedded NATS with mutual TLS and every client's own Secret."""
@@ -209,12 +216,15 @@ def test_without_mutual_the_embedded_tls_renders_as_before() -> None:
 
 def test_the_old_single_secret_still_serves_every_client_of_an_external_nats() -> None:
     """Values from before per-client Secrets (nats.tls.existingSecret + mutual) render as they did: every client
-    mounts the whole shared Secret."""
+    mounts the shared Secret's CA, certificate and key (only those three keys of it)."""
     pods = _pods(_render(_external()))
     assert set(pods) == set(CLIENTS)
     for name, pod in pods.items():
         assert {k: v for k, v in _env(pod).items() if k.startswith("TEMPORALITY_NATS_TLS_")} == TLS_ENV, name
-        assert _nats_tls_volume(pod) == {"name": "nats-tls", "secret": {"secretName": SHARED, "defaultMode": 0o400}}
+        assert _nats_tls_volume(pod) == {
+            "name": "nats-tls",
+            "secret": {"secretName": SHARED, "defaultMode": 0o400, "items": SHARED_KEYS},
+        }
 
 
 def test_an_external_nats_s_clients_use_their_own_secret_where_given_and_the_shared_one_elsewhere() -> None:
@@ -229,7 +239,7 @@ def test_an_external_nats_s_clients_use_their_own_secret_where_given_and_the_sha
                 (own[name], [{"key": "tls.crt", "path": "tls.crt"}, {"key": "tls.key", "path": "tls.key"}]),
             ], name
         else:
-            assert secrets == [(SHARED, None)], name
+            assert secrets == [(SHARED, SHARED_KEYS)], name
 
 
 @pytest.mark.parametrize(

@@ -91,7 +91,7 @@ def test_by_default_only_the_run_executor_and_human_interaction_reach_outside() 
     """The embedded NATS: the three bus-only services and the Job get DNS and the NATS pods' 4222, nothing else;
     the journal also its two proxies (SQLite here: no database rule)."""
     egress = _egress(_embedded(1))
-    assert set(egress) == {*PODS, "nats"}
+    assert set(egress) == {*PODS, "nats", "test-connection"}  # the `helm test` pod's: tests/test_chart_test_pod.py
     nats = _tcp(4222, [_selector("nats")])
     for name in PODS:
         if name in OUTSIDE:

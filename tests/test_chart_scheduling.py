@@ -48,11 +48,45 @@ def _values_errors(extra: dict[str, Any]) -> list[str]:
     return _validate(schema, _merge(values, extra))
 
 
+def _spread_replicas(name: str) -> dict[str, Any]:
+    """The chart's default preference for a service's replicas (defaultPodAntiAffinity): one per node."""
+    term = {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": _selector(name)}}
+    return {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": term}]}
+
+
 def test_by_default_no_pod_gets_tolerations_affinity_or_spread() -> None:
+    """... but the services' replicas prefer different nodes (defaultPodAntiAffinity)."""
     pods = _pods(_embedded(1))
     assert set(pods) == {*SERVICES, "nats", "timers-migrate"}
     for name, pod in pods.items():
-        assert not {"tolerations", "affinity", "topologySpreadConstraints"} & set(pod), name
+        assert not {"tolerations", "topologySpreadConstraints"} & set(pod), name
+        if name in SERVICES:
+            assert pod["affinity"] == {"podAntiAffinity": _spread_replicas(name)}, name
+        else:
+            assert "affinity" not in pod, name
+
+
+def test_the_replicas_preference_gives_way_to_an_anti_affinity_of_your_own_or_is_turned_off() -> None:
+    """A node lost takes one replica of a service, not all of them, where there are nodes enough (a preference: the
+    scheduler still places them together otherwise). Your own podAntiAffinity (the service's, else the global)
+    replaces it; defaultPodAntiAffinity: false drops it, keeping the rest of the affinity."""
+    own_anti = {
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"topologyKey": "topology.kubernetes.io/zone", "labelSelector": {"matchLabels": {"team": "x"}}}
+            ]
+        }
+    }
+    pods = _pods(_embedded(1, affinity=NODE_AFFINITY, services={"journal": {"affinity": own_anti}}))
+    assert pods["journal"]["affinity"] == own_anti
+    for name in set(SERVICES) - {"journal"}:
+        assert pods[name]["affinity"] == {**NODE_AFFINITY, "podAntiAffinity": _spread_replicas(name)}, name
+    assert pods["timers-migrate"]["affinity"] == NODE_AFFINITY  # a one-shot: no replicas to spread
+    off = _pods(_embedded(1, affinity=NODE_AFFINITY, defaultPodAntiAffinity=False))
+    assert all(off[name]["affinity"] == NODE_AFFINITY for name in SERVICES)
+    assert all("affinity" not in pod for pod in _pods(_embedded(1, defaultPodAntiAffinity=False)).values())
+    assert _values_errors({"defaultPodAntiAffinity": False}) == []
+    assert _values_errors({"defaultPodAntiAffinity": "soft"})
 
 
 def test_the_global_settings_reach_every_pod_and_a_service_s_own_replace_them() -> None:
@@ -75,7 +109,7 @@ def test_the_global_settings_reach_every_pod_and_a_service_s_own_replace_them() 
     for name in SERVICES:
         pod = pods[name]
         assert pod["nodeSelector"] == {"kubernetes.io/os": "linux"}, name
-        assert pod["affinity"] == NODE_AFFINITY, name
+        assert pod["affinity"] == {**NODE_AFFINITY, "podAntiAffinity": _spread_replicas(name)}, name
         if name == "journal":
             assert pod["tolerations"] == [{"key": "db", "operator": "Exists"}]
             assert pod["topologySpreadConstraints"] == [

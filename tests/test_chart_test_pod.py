@@ -45,3 +45,42 @@ def test_a_null_removes_the_fixed_user_as_for_the_other_pods() -> None:
 def test_the_schema_refuses_what_a_pod_security_context_cannot_hold() -> None:
     assert _schema_errors({"tests": {"podSecurityContext": {"runAsUser": "root"}}})
     assert _schema_errors({"tests": {"podSecurityContext": {"seccompProfile": {"type": "Unconfined"}}}})
+
+
+def test_it_has_resources_the_pull_secrets_and_no_service_account_token() -> None:
+    """A namespace with a ResourceQuota refuses a pod without resources; a registry mirror needs the pull secrets;
+    curl needs no Kubernetes API token."""
+    pod = _test_pod({"imagePullSecrets": [{"name": "regcred"}]})
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+    [container] = pod["spec"]["containers"]
+    assert container["resources"]["requests"] == {"cpu": "10m", "memory": "16Mi"}
+    assert container["resources"]["limits"] == {"memory": "64Mi"}
+    resources = {"requests": {"cpu": "5m", "memory": "8Mi"}, "limits": {"memory": "32Mi"}}
+    assert _schema_errors({"tests": {"resources": resources}}) == []
+    [container] = _test_pod({"tests": {"resources": resources}})["spec"]["containers"]
+    assert container["resources"] == resources
+    assert _schema_errors({"tests": {"resources": {"requests": {"cpu": "a lot"}}}})
+
+
+def test_its_network_policy_is_a_test_hook_made_before_it() -> None:
+    """In a namespace that denies all traffic by default the pod reaches DNS and the trigger-gateway's pods, on its
+    port only, through a policy that comes and goes with `helm test` itself (not a release resource)."""
+    docs = _render({"networkPolicy": {"enabled": True}})
+    pod = _test_pod({"networkPolicy": {"enabled": True}})
+    [policy] = [
+        d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "t-temporality-test-connection"
+    ]
+    annotations = policy["metadata"]["annotations"]
+    assert annotations["helm.sh/hook"] == "test" == pod["metadata"]["annotations"]["helm.sh/hook"]
+    assert int(annotations["helm.sh/hook-weight"]) < int(pod["metadata"]["annotations"].get("helm.sh/hook-weight", 0))
+    assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    assert policy["spec"]["ingress"] == []
+    dns, gateway = policy["spec"]["egress"]
+    assert {p["port"] for p in dns["ports"]} == {53}
+    assert gateway["ports"] == [{"port": 8080, "protocol": "TCP"}]
+    assert gateway["to"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "trigger-gateway"
+    # the URL the pod curls is that port
+    assert pod["spec"]["containers"][0]["command"][-1].endswith(":8080/healthz")
+    assert not [d for d in _render() if d["kind"] == "NetworkPolicy"]

@@ -185,7 +185,8 @@ def test_compose_postgres(compose: dict[str, Any]) -> None:
     expected = (
         f"postgresql+asyncpg://{env['POSTGRES_USER']}:{env['POSTGRES_PASSWORD']}@postgres:5432/{env['POSTGRES_DB']}"
     )
-    assert url == expected
+    # your own PostgreSQL's URL from your shell or ./.env, else the bundled one's
+    assert url == f"${{TEMPORALITY_DATABASE_URL:-{expected}}}"
 
 
 @pytest.mark.parametrize("name", SERVICES)
@@ -572,6 +573,77 @@ def test_docker_compose_resolves_the_file_as_docker_compose_up_would(tmp_path: P
     refused = _compose_config(file=tmp_path / "broken.yml")
     assert refused.returncode != 0
     assert "nowhere" in refused.stderr
+
+
+def test_docker_compose_passes_your_own_database_settings_to_the_journal() -> None:
+    """docs/operations.md#tls-to-postgresql: "Compose, your own PostgreSQL": TEMPORALITY_DATABASE_URL,
+    TEMPORALITY_DATABASE_SSLMODE and TEMPORALITY_DATABASE_SSLROOTCERT from your shell or ./.env reach the journal
+    (the URL was fixed to the bundled postgres, so the documented way to use your own did nothing); unset, the
+    journal keeps the bundled postgres with its password."""
+    own = "postgresql+asyncpg://tempo:s3cret@db.example.org:5433/tempo"
+    done = _compose_config(
+        {
+            "TEMPORALITY_DATABASE_URL": own,
+            "TEMPORALITY_DATABASE_SSLMODE": "verify-full",
+            "TEMPORALITY_DATABASE_SSLROOTCERT": "/etc/temporality/pg-ca.pem",
+            "POSTGRES_PASSWORD": "unused",
+        }
+    )
+    assert done.returncode == 0, done.stderr
+    env = json.loads(done.stdout)["services"]["journal"]["environment"]
+    assert env["TEMPORALITY_DATABASE_URL"] == own
+    assert env["TEMPORALITY_DATABASE_SSLMODE"] == "verify-full"
+    assert env["TEMPORALITY_DATABASE_SSLROOTCERT"] == "/etc/temporality/pg-ca.pem"
+    default = _compose_config({"POSTGRES_PASSWORD": "pg-pw"})
+    assert default.returncode == 0, default.stderr
+    url = json.loads(default.stdout)["services"]["journal"]["environment"]["TEMPORALITY_DATABASE_URL"]
+    assert url == "postgresql+asyncpg://temporality:pg-pw@postgres:5432/temporality"
+
+
+#: Where each compose container writes, besides its tmpfs /tmp: a named volume or tmpfs it needs writable.
+_COMPOSE_WRITES = {
+    "nats": ["/data"],  # JetStream's store (-sd)
+    "postgres": ["/var/lib/postgresql/data", "/var/run/postgresql"],  # its data and its socket
+    "collab-reply-key": ["/app/.temporality"],  # makes the reply key there
+    "signin-secrets": ["/app/.temporality"],  # makes the sign-in secrets there
+}
+
+
+def test_docker_compose_hardens_every_container_as_the_chart_does_its_pods() -> None:
+    """Each container (the profiles' too) as the chart's pods and compose's nats-exporter: a read-only root
+    filesystem, no capabilities (postgres's entrypoint: only those to hand its directories to the postgres user and
+    step down to it), no-new-privileges. What each writes stays writable: /tmp (tmpfs), and its data's volume or
+    tmpfs. The five services' images already run read-only in the chart (readOnlyRootFilesystem)."""
+    done = _compose_config({"COMPOSE_PROFILES": "metrics,tools"})
+    assert done.returncode == 0, done.stderr
+    services = json.loads(done.stdout)["services"]
+    assert {"nats-exporter", "tools", *SERVICES} <= set(services)
+    for name, service in services.items():
+        assert service.get("read_only") is True, name
+        assert service.get("cap_drop") == ["ALL"], name
+        assert "no-new-privileges:true" in service.get("security_opt", []), name
+        if name == "postgres":
+            assert sorted(service["cap_add"]) == ["CHOWN", "DAC_OVERRIDE", "FOWNER", "SETGID", "SETUID"]
+        else:
+            assert not service.get("cap_add"), name
+        if name != "nats-exporter":  # it writes nothing
+            assert "/tmp" in service.get("tmpfs", []), name
+        writable = {v["target"] for v in service.get("volumes", []) if not v.get("read_only")}
+        for path in _COMPOSE_WRITES.get(name, []):
+            assert path in writable or path in service.get("tmpfs", []), (name, path)
+    # TLS to NATS (the overrides): nats-server reads its key, 0600 and the host user's, as root: that one
+    # capability back, for nats only
+    for override in ("nats-tls.yml", "nats-mtls.yml"):
+        tls = _compose_config(None, ROOT / "docker-compose.yml", ROOT / "deploy" / "compose" / override)
+        assert tls.returncode == 0, tls.stderr
+        resolved = json.loads(tls.stdout)["services"]
+        assert resolved["nats"]["cap_add"] == ["DAC_OVERRIDE"], override
+        assert resolved["nats"]["cap_drop"] == ["ALL"], override
+        assert not any(resolved[name].get("cap_add") for name in SERVICES), override
+    # the services' config, secrets and reply key stay read-only mounts
+    for name in SERVICES:
+        mounts = {v["target"]: v.get("read_only", False) for v in services[name].get("volumes", [])}
+        assert mounts.get("/app/config") is True, name
 
 
 # --------------------------------------------------------------------------- Dockerfile
@@ -1390,7 +1462,11 @@ def test_helm_nats_users_and_tls_come_from_secrets() -> None:
         assert env["TEMPORALITY_NATS_TLS_CERT_FILE"]["value"] == "/etc/temporality/nats-tls/tls.crt"
         assert env["TEMPORALITY_NATS_TLS_KEY_FILE"]["value"] == "/etc/temporality/nats-tls/tls.key"
         volume = next(v for v in pod["volumes"] if v["name"] == "nats-tls")
-        assert volume["secret"] == {"secretName": "nats-ca", "defaultMode": 0o400}
+        assert volume["secret"] == {
+            "secretName": "nats-ca",
+            "defaultMode": 0o400,
+            "items": [{"key": k, "path": k} for k in ("ca.crt", "tls.crt", "tls.key")],
+        }
     plain = _deployments()["journal"]["spec"]["template"]["spec"]["containers"][0]
     assert not {e["name"] for e in plain["env"]} & {"TEMPORALITY_NATS_USER", "TEMPORALITY_NATS_TLS_CA_FILE"}
 
@@ -2032,7 +2108,8 @@ def test_helm_network_policies_let_only_the_services_reach_nats(replicas: int) -
     docs = _render(_embedded(replicas, networkPolicy={"enabled": True}))
     pods = _pods(docs)
     policies = _policies(docs)
-    assert set(policies) == {*SERVICES, "nats", TIMERS_MIGRATION_USER}, "every pod kind but the `helm test` pod"
+    # the `helm test` pod's is a test hook (tests/test_chart_test_pod.py)
+    assert set(policies) == {*SERVICES, "nats", TIMERS_MIGRATION_USER, "test-connection"}, "every pod kind"
     nats_policy = policies["nats"]
     ingress = _rules(nats_policy["ingress"], "from", pods)
     clients = {*SERVICES, TIMERS_MIGRATION_USER}
@@ -2041,10 +2118,12 @@ def test_helm_network_policies_let_only_the_services_reach_nats(replicas: int) -
     dns_and_nats = {(53, "UDP"): None, (53, "TCP"): None, (4222, "TCP"): {"nats"}}
     assert _rules(policies[TIMERS_MIGRATION_USER]["egress"], "to", pods) == dns_and_nats
     assert _rules(nats_policy["egress"], "to", pods) == {(53, "UDP"): None, (53, "TCP"): None, (6222, "TCP"): {"nats"}}
-    # the services: their one port; from anywhere by default (webhooks, the inbox, the console come from outside)
+    # the services: their one port; from anywhere by default (webhooks, the console come from outside), but
+    # human-interaction without its Ingress: the journal's /human/ proxy only (tests/test_chart_pod_hardening.py)
     for name in SERVICES:
         port = CATALOGUE[name].http_port or WORKER_HEALTH_PORT
-        assert _rules(policies[name]["ingress"], "from", pods) == {(port, "TCP"): None}, name
+        admitted = {"journal"} if name == "human-interaction" else None
+        assert _rules(policies[name]["ingress"], "from", pods) == {(port, "TCP"): admitted}, name
         # egress: anywhere for the two that talk to the outside (the model provider; Matrix, Telegram, SMTP), only
         # DNS and NATS (and the journal's proxies) for the rest: tests/test_chart_network_policy_egress.py
         if name in ("run-executor", "human-interaction"):
@@ -2341,7 +2420,8 @@ def test_chart_alert_thresholds_and_labels_come_from_the_values() -> None:
     assert rules["TemporalityChannelFailing"]["expr"].endswith("> 0.25")
     assert "> 0.4 and" in rules["TemporalityRunsFailing"]["expr"]
     assert rules["TemporalityRunsFailing"]["expr"].endswith(">= 20")
-    assert rules["TemporalityTargetDown"]["expr"] == 'up{job="temporality"} == 0'
+    # always this release's namespace (tests/test_chart_alert_scope.py), then the selector given
+    assert rules["TemporalityTargetDown"]["expr"] == 'up{namespace="default", job="temporality"} == 0'
     assert all(r["labels"]["team"] == "platform" for r in rules.values())
     assert _alert_rules()["TemporalityTargetDown"]["expr"] == (
         'up{namespace="default", pod=~"t-temporality-.*", pod!~"t-temporality-nats-[0-9]+"} == 0'

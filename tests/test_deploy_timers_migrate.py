@@ -156,6 +156,51 @@ def test_with_an_external_nats_the_job_is_a_pre_install_pre_upgrade_hook() -> No
     ]
 
 
+def test_with_an_external_nats_the_job_s_network_policy_is_a_hook_made_before_it() -> None:
+    """Helm creates pre-install hooks before any release resource: an ordinary NetworkPolicy of the Job would not
+    exist yet on the first install, so in a namespace that denies all traffic by default the hook could not reach
+    DNS or NATS. Its policy is a hook of the same events with a lower weight (Helm creates hooks by weight), gone
+    with the Job once the hooks succeeded; the Job's pod template carries no service account token."""
+    values = {
+        "nats": {"url": "nats://nats.example:4333", "auth": {"existingSecret": "nats-users"}},
+        "networkPolicy": {"enabled": True},
+    }
+    docs = _render(values)
+    (job,) = _jobs(docs)
+    assert job["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    policies = [
+        d
+        for d in docs
+        if d["kind"] == "NetworkPolicy" and d["spec"]["podSelector"]["matchLabels"].items() <= _pod_labels(job)
+    ]
+    (policy,) = policies
+    annotations = policy["metadata"]["annotations"]
+    assert annotations["helm.sh/hook"] == HOOK_ANNOTATIONS["helm.sh/hook"]
+    assert int(annotations["helm.sh/hook-weight"]) < int(HOOK_ANNOTATIONS["helm.sh/hook-weight"])
+    assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+    # not the name of an older release's ordinary policy of the Job, which the upgrade removes by itself
+    assert policy["metadata"]["name"] == f"{JOB}-hook"
+    assert policy["spec"]["ingress"] == []
+    dns, nats = policy["spec"]["egress"]
+    assert {p["port"] for p in dns["ports"]} == {53}
+    assert nats["ports"] == [{"port": 4333, "protocol": "TCP"}]
+    # with the embedded NATS the Job is an ordinary resource, and so is its policy
+    embedded = _render(_embedded(1, networkPolicy={"enabled": True}))
+    (job,) = _jobs(embedded)
+    assert "annotations" not in job["metadata"]
+    (policy,) = [
+        d
+        for d in embedded
+        if d["kind"] == "NetworkPolicy" and d["spec"]["podSelector"]["matchLabels"].items() <= _pod_labels(job)
+    ]
+    assert policy["metadata"]["name"] == JOB
+    assert "annotations" not in policy["metadata"]
+
+
+def _pod_labels(job: dict[str, Any]) -> Any:
+    return job["spec"]["template"]["metadata"]["labels"].items()
+
+
 def test_the_embedded_nats_s_tls_gives_the_job_its_ca_only() -> None:
     (job,) = _jobs(_render(_embedded(1, nats={"embedded": {"tls": {"existingSecret": "nats-server-tls"}}})))
     env = _job_env(job)

@@ -188,6 +188,56 @@ nats.auth.existingSecret (the services' Secret); empty when neither is set (no N
 {{- end }}
 
 {{/*
+How the timers migration's Job and the toolbox log in to NATS, non-empty when they can: nats.auth.credsSecret (their
+own `timers-migrate.creds`, `tools.creds`), else their password's Secret. Empty: no NATS users, neither is rendered.
+*/}}
+{{- define "temporality.timersMigrateLogin" -}}
+{{- .Values.nats.auth.credsSecret | default (include "temporality.timersMigrateSecret" .) }}
+{{- end }}
+
+{{- define "temporality.toolsLogin" -}}
+{{- .Values.nats.auth.credsSecret | default (include "temporality.toolsSecret" .) }}
+{{- end }}
+
+{{/*
+NATS credentials files (nats.auth.credsSecret: a server in operator/JWT mode): one Secret, one key per client,
+`<client>.creds` (trigger-gateway, run-executor, human-interaction, agent-collab, journal, timers-migrate, tools).
+Each pod mounts only its own key, read-only and readable by the pod's user only, at
+/etc/temporality/nats-creds/<client>.creds, named by TEMPORALITY_NATS_CREDS_FILE; it then gets no
+TEMPORALITY_NATS_USER/_PASSWORD (the services refuse both at once). Call each with (dict "root" $ "name" <client>).
+*/}}
+{{- define "temporality.natsAuthCheck" -}}
+{{- $auth := .Values.nats.auth }}
+{{- if and $auth.credsSecret .Values.nats.embedded.enabled }}
+{{- fail "nats.auth.credsSecret is for an external NATS in operator/JWT mode: the embedded NATS's users log in with the passwords of nats.auth.existingSecret" }}
+{{- end }}
+{{- if and $auth.credsSecret $auth.existingSecret }}
+{{- fail "nats.auth.credsSecret and nats.auth.existingSecret are both set: the services log in with a credentials file or a password, not both; keep one" }}
+{{- end }}
+{{- end }}
+
+{{- define "temporality.natsCredsEnv" -}}
+- name: TEMPORALITY_NATS_CREDS_FILE
+  value: /etc/temporality/nats-creds/{{ .name }}.creds
+{{- end }}
+
+{{- define "temporality.natsCredsMount" -}}
+- name: nats-creds
+  mountPath: /etc/temporality/nats-creds
+  readOnly: true
+{{- end }}
+
+{{- define "temporality.natsCredsVolume" -}}
+- name: nats-creds
+  secret:
+    secretName: {{ .root.Values.nats.auth.credsSecret }}
+    defaultMode: 0400
+    items:
+      - key: {{ .name }}.creds
+        path: {{ .name }}.creds
+{{- end }}
+
+{{/*
 The timers migration's Job name: with the embedded NATS an ordinary Job, one per revision
 (<fullname>-timers-migrate-<revision>: a Job's pod template is immutable); with an external NATS a hook,
 <fullname>-timers-migrate (deleted before it is created again).
@@ -222,7 +272,8 @@ it (the embedded server's Secret holds the server's key); `cert`, the Secret wit
 `tls.key` ("": no client certificate).
 - The embedded NATS (nats.embedded.tls.existingSecret): its CA; with nats.embedded.tls.mutual, the client's own
   nats.tls.clientCertSecrets.<name> (required: "temporality.natsTlsCheck" names every one missing).
-- An external NATS (nats.tls.existingSecret): its CA; with nats.tls.mutual, the client's own
+- An external NATS (nats.tls.existingSecret): its CA only (caOnly: a cert-manager Secret holds a tls.key too, which
+  a client without mutual TLS has no use for); with nats.tls.mutual, the client's own
   nats.tls.clientCertSecrets.<name>, else the shared tls.crt/tls.key of nats.tls.existingSecret (as before
   per-client Secrets existed).
 */}}
@@ -241,6 +292,7 @@ it (the embedded server's Secret holds the server's key); `cert`, the Secret wit
 {{- end }}
 {{- else if $nats.tls.existingSecret }}
 {{- $ca = $nats.tls.existingSecret }}
+{{- $caOnly = true }}
 {{- if $nats.tls.mutual }}
 {{- $cert = $own | default $ca }}
 {{- $caOnly = ne $cert $ca }}
@@ -253,7 +305,7 @@ it (the embedded server's Secret holds the server's key); `cert`, the Secret wit
 The nats-tls volume of a client's pod for "temporality.natsClientTls"'s answer (given as is): the CA's Secret
 (only its `ca.crt` when caOnly) or, with a Secret of the client's own, both projected into one directory:
 `ca.crt` from the CA's, `tls.crt` and `tls.key` from the client's (never another key of either). Readable by
-the pod's user only.
+the pod's user only. A Secret of both (the shared client certificate of an external NATS): those three keys of it.
 */}}
 {{- define "temporality.natsTlsVolume" -}}
 - name: nats-tls
@@ -277,11 +329,16 @@ the pod's user only.
   secret:
     secretName: {{ .ca }}
     defaultMode: 0400
-    {{- if .caOnly }}
     items:
       - key: ca.crt
         path: ca.crt
-    {{- end }}
+      {{- if not .caOnly }}
+      {{- /* the shared client certificate of nats.tls.existingSecret (mutual TLS) */}}
+      - key: tls.crt
+        path: tls.crt
+      - key: tls.key
+        path: tls.key
+      {{- end }}
 {{- end }}
 {{- end }}
 
@@ -314,7 +371,7 @@ services use, and with the embedded NATS's mutual TLS every client it renders ha
 {{- range $service, $svc := .Values.services }}
 {{- if and $svc.enabled (not (get $secrets $service)) }}{{- $missing = append $missing $service }}{{- end }}
 {{- end }}
-{{- if and .Values.timersMigrate.enabled (include "temporality.timersMigrateSecret" .) (not (get $secrets "timers-migrate")) }}
+{{- if and .Values.timersMigrate.enabled (include "temporality.timersMigrateLogin" .) (not (get $secrets "timers-migrate")) }}
 {{- $missing = append $missing "timers-migrate" }}
 {{- end }}
 {{- if and .Values.tools.enabled (not (get $secrets "tools")) }}

@@ -245,6 +245,9 @@ def test_up_prints_the_urls_serves_the_webhook_stops_on_ctrl_c_and_keeps_its_sta
         logs = list((data_dir / "run").iterdir())
         assert logs, "no service log in <data-dir>/run"
         assert all(log.stat().st_mode & 0o077 == 0 for log in logs), "a log is readable by others"
+        nats_log = data_dir / "nats" / "nats-server.log"
+        assert nats_log.is_file(), "no nats-server log in <data-dir>/nats"
+        assert f"nats-server's in {nats_log}" in out, "the banner does not name nats-server's log"
         body = EXAMPLE_PR.read_bytes()
         headers = {"Authorization": HOOK_AUTH, "Content-Type": "application/json"}
         accepted = keep_alive.post(hook, content=body, headers=headers)

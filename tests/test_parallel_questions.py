@@ -8,7 +8,8 @@ two human requests, each in its own person's web inbox.
   resumes once, and completes with both answers in its tool results (in call order).
 * ``wait_for: first``: bob answers; the run resumes at once, alice's question gets ``not_needed`` as its
   result, and the run withdraws it (``human.cancel_requested``): human-interaction cancels her request --
-  her late answer is refused with 409 ``cancelled``.
+  her late answer is refused with 409 ``cancelled``, and one ``human.withdrawn``
+  (``reason: not_needed``) says so.
 """
 
 from __future__ import annotations
@@ -127,6 +128,11 @@ async def _events(http: httpx.AsyncClient, stack: Stack, run_id: str) -> list[di
     return events
 
 
+async def _count_withdrawn(http: httpx.AsyncClient, stack: Stack, run_id: str, expected: int) -> bool:
+    events = await _events(http, stack, run_id)
+    return sum(e["type"] == "human.withdrawn" for e in events) == expected
+
+
 async def _answer(http: httpx.AsyncClient, stack: Stack, person: dict[str, str], request_id: str, option: str) -> None:
     response = await http.post(
         f"{stack.human_url}/requests/{request_id}/answer", json={"option_id": option}, headers=person
@@ -199,6 +205,7 @@ async def test_two_questions_in_one_turn_answered_in_reverse_order(
         assert answered == [bob_request, alice_request]
         last_answer = max(i for i, t in enumerate(types) if t == "human.answered")
         assert types.index("run.resumed") > last_answer  # resumed once both were in
+        assert "human.withdrawn" not in types  # both answered: nothing to withdraw
     else:
         assert done["result"] == "alice=not_needed:- bob=answered:keep"
         assert answered == [bob_request]
@@ -217,6 +224,20 @@ async def test_two_questions_in_one_turn_answered_in_reverse_order(
             f"{stack.human_url}/requests/{alice_request}/answer", json={"option_id": "ship"}, headers=ALICE
         )
         assert late.status_code == 409, late.text
+
+        # ... and announced once as withdrawn because the run no longer needed it (docs/human-interaction.md,
+        # "A withdrawn question says so"); bob's answered question is not withdrawn
+        async def withdrawn() -> list[dict[str, Any]] | None:
+            found = [e["data"] for e in await _events(http, stack, run_id) if e["type"] == "human.withdrawn"]
+            return found or None
+
+        await eventually(withdrawn, what=f"the journal to record alice's question of run {run_id} withdrawn")
+        await stays(  # exactly one: a redelivered cancel or the run's end announces nothing more
+            lambda: _count_withdrawn(http, stack, run_id, 1), settle_s=1.5, what="one human.withdrawn only"
+        )
+        (announced,) = [e["data"] for e in await _events(http, stack, run_id) if e["type"] == "human.withdrawn"]
+        assert (announced["request_id"], announced["recipient"]) == (alice_request, "user:alice")
+        assert (announced["reason"], announced["run_reason"]) == ("not_needed", None)
     # each answer is bound to its own request (the result above: each call read its own tool result, by position)
     for person, request_id, option in ((BOB, bob_request, "keep"), (ALICE, alice_request, "ship")):
         if wait_for == "first" and request_id == alice_request:

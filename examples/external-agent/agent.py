@@ -23,6 +23,12 @@ the agent's own subject, ``temporality.rpc.agents.<agent id>.<operation>``. It
 Against a NATS with per-user permissions (``make up`` prints the URL of the ``example-agent`` user, and this
 agent's whole command line with it, ``--key-file`` and ``--collab-public-key`` included), put the user in the URL (``nats://example-agent:<password>@127.0.0.1:<port>``): the replies then arrive below
 ``_INBOX.example-agent``, the one inbox prefix that user may subscribe to (``--inbox-prefix`` to override).
+A NATS without passwords: ``--creds-file`` (or ``TEMPORALITY_NATS_CREDS_FILE``) a credentials file of a NATS in
+operator/JWT mode (``nsc generate creds``), ``--nkey-seed-file`` (or ``TEMPORALITY_NATS_NKEY_SEED_FILE``) a file
+with the user's nkey seed (``SU...``) for a server that lists the user by its public nkey (docs/operations.md, "A
+NATS without passwords"); one way to authenticate only (with a user in the URL too: exit 2), an empty variable counts
+as unset. The URL then names no user: give ``--inbox-prefix _INBOX.<user>`` where the user may subscribe below
+that prefix only.
 A NATS server with TLS: ``--nats-url tls://...``, and ``--tls-ca ca.pem`` when its certificate comes from a
 private CA (nats-py checks it against the system's trust store otherwise).
 
@@ -31,7 +37,7 @@ repository's ``config/external-agents.yaml`` lists ``example-agent`` without one
 its key (``<data-dir>/example-agent.key``), gives agent-collab the list with its public key and prints this
 command with ``--key-file``; anywhere else add the line ``keygen`` prints. Without ``--key-file`` (or
 ``TEMPORALITY_AGENT_KEY_FILE``) it sends unsigned requests, which only an agent marked ``allow_unsigned``
-(development only) may. Exit codes: 0 done, 2 unusable key file, 3 registration
+(development only) may. Exit codes: 0 done, 2 unusable key file (or NATS credentials), 3 registration
 refused, 4 a heartbeat refused, 5 a reply that does not match its schema, 6 no reply in time (or no connection), 7 a task
 message refused, 8 a reply not signed by agent-collab.
 
@@ -515,6 +521,24 @@ def inbox_prefix_for(nats_url: str) -> str:
     return f"_INBOX.{user}" if user else "_INBOX"
 
 
+def nats_auth(args: argparse.Namespace) -> dict[str, str] | str:
+    """nats-py's ``connect()`` arguments for ``--creds-file`` / ``--nkey-seed-file`` (``TEMPORALITY_NATS_CREDS_FILE``
+    / ``TEMPORALITY_NATS_NKEY_SEED_FILE``, as the services read them), or why they cannot be used: one way to
+    authenticate only (a user in ``--nats-url`` is the third), and a file that can be read."""
+    ways = [name for name, given in (("a user in --nats-url", urlsplit(args.nats_url.split(",")[0].strip()).username),
+            ("--creds-file", args.creds_file), ("--nkey-seed-file", args.nkey_seed_file)) if given]  # fmt: skip
+    if len(ways) > 1:
+        return f"{' and '.join(ways)}: give one way to authenticate to NATS"
+    for flag, path in (("--creds-file", args.creds_file), ("--nkey-seed-file", args.nkey_seed_file)):
+        if path is not None and not os.access(path, os.R_OK):
+            return f"{flag} {path}: not a readable file"
+    if args.creds_file is not None:  # nats-py reads it again at every reconnection: a rotated file is used
+        return {"user_credentials": str(args.creds_file)}
+    if args.nkey_seed_file is not None:  # the client signs the server's nonce: no secret crosses the wire
+        return {"nkeys_seed": str(args.nkey_seed_file)}
+    return {}
+
+
 async def run(args: argparse.Namespace) -> int:
     key_file = args.key_file or os.environ.get("TEMPORALITY_AGENT_KEY_FILE")
     key: Ed25519PrivateKey | None = None
@@ -536,6 +560,10 @@ async def run(args: argparse.Namespace) -> int:
             return 2
     else:
         log.warning("no --collab-public-key: replies are not checked for agent-collab's signature")
+    auth = nats_auth(args)
+    if isinstance(auth, str):
+        log.error("%s", auth)
+        return 2
     tls: ssl.SSLContext | None = None
     if args.tls_ca:
         try:
@@ -558,6 +586,7 @@ async def run(args: argparse.Namespace) -> int:
                 tls=tls,
                 inbox_prefix=args.inbox_prefix or inbox_prefix_for(args.nats_url),
                 error_cb=on_nats_error,
+                **auth,
             ),
             timeout=args.connect_within_s,
         )
@@ -665,6 +694,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=os.environ.get("TEMPORALITY_AGENT_NATS_TLS_CA_FILE"),
         help="the CA (PEM) that signed the NATS server's certificate, for a tls:// server with a private CA "
         "(default: $TEMPORALITY_AGENT_NATS_TLS_CA_FILE; unset: the system's trust store)",
+    )
+    parser.add_argument(
+        "--creds-file",
+        type=Path,
+        default=os.environ.get("TEMPORALITY_NATS_CREDS_FILE") or None,
+        help="a NATS credentials file (operator/JWT mode, as `nsc generate creds` writes it) instead of a user in "
+        "--nats-url (default: $TEMPORALITY_NATS_CREDS_FILE)",
+    )
+    parser.add_argument(
+        "--nkey-seed-file",
+        type=Path,
+        default=os.environ.get("TEMPORALITY_NATS_NKEY_SEED_FILE") or None,
+        help="a file with the NATS user's nkey seed (SU...) instead of a user in --nats-url "
+        "(default: $TEMPORALITY_NATS_NKEY_SEED_FILE)",
     )
     parser.add_argument("--agent-id", default="example-agent")
     parser.add_argument("--schemas", type=Path, default=_DEFAULT_SCHEMAS, help="the published schemas/ folder")

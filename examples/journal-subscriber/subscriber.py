@@ -19,7 +19,11 @@ every event is a CloudEvent 1.0 JSON body on the JetStream stream ``TEMPORALITY_
 
 Every option can also come from the environment: ``TEMPORALITY_NATS_URL``, ``TEMPORALITY_SUBSCRIBER_NAME``,
 ``TEMPORALITY_SUBSCRIBER_DURABLE``, ``TEMPORALITY_SUBSCRIBER_USER``, ``TEMPORALITY_SUBSCRIBER_PASSWORD``,
-``TEMPORALITY_SUBSCRIBER_TYPES`` (comma-separated). A body that is not a CloudEvent is terminated (never
+``TEMPORALITY_SUBSCRIBER_TYPES`` (comma-separated), and ``TEMPORALITY_NATS_CREDS_FILE`` /
+``TEMPORALITY_NATS_NKEY_SEED_FILE`` as the services read them (docs/operations.md, "A NATS without passwords"):
+``--creds-file`` a credentials file of a NATS in operator/JWT mode (``nsc generate creds``), ``--nkey-seed-file``
+a file with the user's nkey seed (``SU...``) for a server that lists the user by its public nkey; one way to
+authenticate only (with ``--user`` too: exit 2), an empty variable counts as unset. A body that is not a CloudEvent is terminated (never
 redelivered) and reported on stderr; a handler failure is nak'ed with a delay and retried up to
 ``--max-deliver`` times. Exit codes: 0 stopped, 2 bad arguments, 3 NATS refused or unreachable.
 """
@@ -72,6 +76,20 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--user", default=env("TEMPORALITY_SUBSCRIBER_USER"), help="NATS user (e.g. sub-<name>)")
     parser.add_argument("--password", default=env("TEMPORALITY_SUBSCRIBER_PASSWORD"), help="its password")
     parser.add_argument(
+        "--creds-file",
+        type=Path,
+        default=env("TEMPORALITY_NATS_CREDS_FILE") or None,
+        help="a NATS credentials file (operator/JWT mode, as `nsc generate creds` writes it) instead of "
+        "--user/--password (default: $TEMPORALITY_NATS_CREDS_FILE)",
+    )
+    parser.add_argument(
+        "--nkey-seed-file",
+        type=Path,
+        default=env("TEMPORALITY_NATS_NKEY_SEED_FILE") or None,
+        help="a file with the NATS user's nkey seed (SU...) instead of --user/--password "
+        "(default: $TEMPORALITY_NATS_NKEY_SEED_FILE)",
+    )
+    parser.add_argument(
         "--type",
         action="append",
         dest="types",
@@ -106,6 +124,13 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     for event_type in args.types:
         if not TYPE.match(event_type):
             parser.error(f"--type {event_type!r}: an event type such as run.completed, or a pattern (human.*)")
+    ways = [name for name, given in (("--user", args.user), ("--creds-file", args.creds_file),
+            ("--nkey-seed-file", args.nkey_seed_file)) if given]  # fmt: skip
+    if len(ways) > 1:
+        parser.error(f"{' and '.join(ways)}: give one way to authenticate to NATS")
+    for flag, path in (("--creds-file", args.creds_file), ("--nkey-seed-file", args.nkey_seed_file)):
+        if path is not None and not os.access(path, os.R_OK):
+            parser.error(f"{flag} {path}: not a readable file")
     if args.batch < 1 or args.max_deliver < 1 or args.ack_wait_s <= 0 or args.max_events < 0:
         parser.error("--batch and --max-deliver must be >= 1, --ack-wait-s > 0, --max-events >= 0")
     return args
@@ -189,7 +214,8 @@ async def _connect(args: argparse.Namespace, options: dict[str, Any], last: list
         log.error(
             "cannot connect to %s: the server refused the credentials (%s); give the subscriber's user and "
             "password (--user/--password, or nats://<user>:<password>@host:port: `temporality up` prints the "
-            "URL of each subscriber it created, --nats-subscriber <name> creates one)",
+            "URL of each subscriber it created, --nats-subscriber <name> creates one), or its --creds-file or "
+            "--nkey-seed-file",
             where,
             last[-1],
         )
@@ -230,6 +256,10 @@ async def run(args: argparse.Namespace) -> int:
     }
     if args.user:
         options |= {"user": args.user, "password": args.password or ""}
+    elif args.creds_file is not None:  # nats-py reads it again at every reconnection: a rotated file is used
+        options["user_credentials"] = str(args.creds_file)
+    elif args.nkey_seed_file is not None:  # the client signs the server's nonce: no secret crosses the wire
+        options["nkeys_seed"] = str(args.nkey_seed_file)
     errors: list[str] = []
     nc = await _connect(args, options, errors)
     if nc is None:

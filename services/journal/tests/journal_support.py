@@ -45,6 +45,7 @@ from temporality_protocol import (
     make_event,
 )
 from temporality_protocol.catalog import ServiceSpec
+from temporality_protocol.events import HumanAskKind
 from temporality_service import (
     ApiAuth,
     ApiAuthSettings,
@@ -328,6 +329,8 @@ class RunStory:
         question: str = "Merge it?",
         time: datetime | None = None,
         turn: int = 1,
+        reason: str | None = None,
+        reason_kind: HumanAskKind | None = None,
     ) -> Envelope:
         expires = (time or self.at) + timedelta(hours=1)
         return self._event(
@@ -342,6 +345,8 @@ class RunStory:
                 expires_at=expires,
                 policy=HumanPolicy(allowed_recipients=[recipient]),
                 turn=turn,
+                reason=reason,
+                reason_kind=reason_kind,
             ),
             f"human.requested.{self.request_id}",
             time=time,

@@ -1,7 +1,8 @@
 """Details of the console a review found wanting -- in a real headless Chromium (Playwright driving Debian's
 chromium) against the journal service on a real port, fed through a real nats-server (and the real
 trigger-gateway for the wizard): a trigger's failed, cancelled and all runs; which trigger and agent each of the
-most delegated questions is for; a cancelled run's reason read as such and a wait in time order; ids and event
+most delegated questions is for; a cancelled run's reason read as such and a wait in time order; a question's
+step with the agent's reason and its kind (as text); ids and event
 types that break only between their parts at 1024 px; the wizard's warning for a webhook without
 authentication. Every browser assertion waits on its condition with a timeout (Playwright's ``expect``).
 """
@@ -134,7 +135,7 @@ async def test_a_cancelled_run_says_why_as_cancelled_and_a_wait_reads_in_time_or
         served_journal,
         s.requested(),
         s.started(),
-        s.human_requested(),
+        s.human_requested(reason="<b>sign-off</b> before merging", reason_kind="approval"),
         s.notified("web"),
         s.answered(channel="web"),
         s.resumed(),
@@ -158,6 +159,12 @@ async def test_a_cancelled_run_says_why_as_cancelled_and_a_wait_reads_in_time_or
         ],
         timeout=WAIT_MS,
     )
+    # the request's step says why the agent asks and the kind of help, as the inbox card does -- as text
+    asked = page.locator("#timeline > li[data-type='human.requested'] dl.facts")
+    await expect(asked.locator("dt")).to_contain_text(["Question", "Asked", "Why", "Kind"], timeout=WAIT_MS)
+    await expect(asked.locator("dt:text-is('Why') + dd")).to_have_text("<b>sign-off</b> before merging")
+    await expect(asked.locator("dt:text-is('Kind') + dd")).to_have_text("Approval")
+    await expect(asked.locator("b")).to_have_count(0)
     await page.screenshot(path=_shot("cancelled-run"), full_page=True)
 
 

@@ -321,7 +321,9 @@ def _up(args: argparse.Namespace) -> int:
         _out("  Example external agent     (from the repository's root; it signs its messages with --key-file and")
         _out("                             checks agent-collab's reply signatures with --collab-public-key)")
         _out(f"    {example}")
-    _out(f"  Data and logs              {stack.data_dir}   (logs in {stack.data_dir / 'run'})")
+    _out(
+        f"  Data and logs              {stack.data_dir}   (logs in {stack.data_dir / 'run'}, nats-server's in {stack.nats.log_file})"
+    )
     supervisor = Supervisor(stack, _out, restart=args.restart)
     if args.restart:
         policy = supervisor.policy

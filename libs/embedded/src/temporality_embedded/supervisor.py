@@ -522,8 +522,8 @@ def liveness(url: str, timeout_s: float = 2.0) -> str | None:
 
 
 def readiness(url: str | None) -> str | None:
-    """Why the service at ``url`` is not ready (``/readyz``'s status and ``detail``, e.g. ``503: mcp servers does
-    not answer``), or ``None`` when it answers 200 (or has no URL)."""
+    """Why the service at ``url`` is not ready (``/readyz``'s status and ``detail``, e.g. ``503: mcp servers failing:
+    <error>`` or ``503: mcp servers does not answer within 2s``), or ``None`` when it answers 200 (or has no URL)."""
     if url is None:
         return None
     try:

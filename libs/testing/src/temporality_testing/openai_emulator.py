@@ -161,8 +161,13 @@ class OpenAIEmulator:
     authorizations: list[str | None] = field(default_factory=list)
     #: The ``traceparent`` header of each request (W3C Trace Context), in order.
     traceparents: list[str | None] = field(default_factory=list)
+    #: The ``api-key`` header of each request, in order (Azure OpenAI's classic API key).
+    api_keys: list[str | None] = field(default_factory=list)
     #: The query parameters of each request, in order (Azure OpenAI's ``api-version``).
     queries: list[dict[str, str]] = field(default_factory=list)
+    #: The path of each request, in order (``/v1/chat/completions``, or an Azure OpenAI classic deployment's
+    #: ``/openai/deployments/<name>/chat/completions``, which the emulator serves as well).
+    paths: list[str] = field(default_factory=list)
     port: int = 0
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -170,14 +175,21 @@ class OpenAIEmulator:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
+    def azure_deployment_url(self, deployment: str, api_version: str = "2024-10-21") -> str:
+        """An Azure OpenAI classic deployment URL on the emulator (``.../openai/deployments/<name>?api-version=``)."""
+        return f"http://127.0.0.1:{self.port}/openai/deployments/{deployment}?api-version={api_version}"
+
     def app(self) -> FastAPI:
         app = FastAPI()
 
         @app.post("/v1/chat/completions")
+        @app.post("/openai/deployments/{deployment}/chat/completions")
         async def completions(request: Request) -> JSONResponse:
             body = json.loads(await request.body())
             self.requests.append(body)
             self.authorizations.append(request.headers.get("authorization"))
+            self.api_keys.append(request.headers.get("api-key"))
+            self.paths.append(request.url.path)
             self.traceparents.append(request.headers.get("traceparent"))
             self.queries.append(dict(request.query_params))
             refused = tool_name_problem(body) if isinstance(body, dict) else None

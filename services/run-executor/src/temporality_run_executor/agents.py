@@ -67,6 +67,10 @@ class ProviderConfig(_Strict):
     sampling_models: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(default_factory=list)
     base_url: str | None = None
     api_key_env: str | None = None
+    #: How the key is sent: ``authorization`` (the default: ``Authorization: Bearer <key>``, OpenAI and Azure
+    #: OpenAI's v1 API) or ``api-key`` (an ``api-key: <key>`` header and no ``Authorization``: Azure OpenAI's
+    #: classic deployment URLs). For ``openai`` only.
+    api_key_header: Literal["authorization", "api-key"] = "authorization"
     #: Seconds one request may take (connect, send, wait for the answer) before it counts as failed.
     timeout_s: Annotated[float, Field(gt=0, le=600)] = 60.0
     #: Retries of one turn after a 429, a 408, a 5xx, a connection error or a timeout (0: none). Each waits
@@ -110,6 +114,8 @@ class ProviderConfig(_Strict):
             raise ValueError(f"script and script_file are for the scripted provider, not {self.kind}")
         if self.kind == "external" and self.sampling_models:
             raise ValueError("sampling_models are for the executor's own providers (an external agent samples nothing)")
+        if self.kind != "openai" and self.api_key_header != "authorization":
+            raise ValueError(f"api_key_header is for the openai provider, not {self.kind}")
         if (self.kind == "external") != (self.agent_id is not None):
             raise ValueError("an external provider takes agent_id (and only it does)")
         return self

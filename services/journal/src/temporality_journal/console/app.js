@@ -1231,8 +1231,11 @@ export function timeline(events, run, now = Date.now()) {
         step.title = "Human request";
         step.kind = "human";
         const options = (d.options || []).map((o) => o.label).join(" · ");
+        // why the agent asks (ask_human's reason) and the kind of help, named as the inbox card names it
+        const kind = d.reason_kind ? String(REASON_KINDS[d.reason_kind] ?? d.reason_kind) : "";
         step.lines = [["Question", d.question], ["Asked", person(d.recipient)],
-          ["By agent", d.agent_display_name ? agentOf(d.agent, d.agent_display_name) : null], ["Context", d.context],
+          ["By agent", d.agent_display_name ? agentOf(d.agent, d.agent_display_name) : null],
+          ["Why", d.reason], ["Kind", kind ? kind[0].toUpperCase() + kind.slice(1) : null], ["Context", d.context],
           ["Options", options], ["Timeout", duration(d.timeout_s)]];
         steps.push(step);
         const outcome = outcomes.get(d.request_id);

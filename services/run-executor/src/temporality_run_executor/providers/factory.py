@@ -40,6 +40,7 @@ class ProviderCache:
             model=cfg.model,
             api_key=api_key,
             api_key_env=cfg.api_key_env,
+            api_key_header=cfg.api_key_header,
             timeout_s=cfg.timeout_s,
             max_retries=cfg.max_retries,
             backoff_s=cfg.retry_backoff_s,

@@ -3,6 +3,8 @@
 Works with OpenAI, Azure OpenAI (deployment URL as ``base_url``), vLLM, Ollama and llama.cpp's server:
 anything that speaks ``POST {base_url}/chat/completions`` with ``tools``. A query in ``base_url`` is kept as
 the request's query (Azure OpenAI's ``...?api-version=2024-10-21``: ``POST <path>/chat/completions?api-version=...``).
+The key goes as ``Authorization: Bearer <key>``, or (``api_key_header="api-key"``, Azure OpenAI's classic API) in
+an ``api-key`` header instead.
 
 Retries (``tenacity``): a 408, a 429, a 5xx, a connection error, a timeout or a malformed reply is tried
 again, up to ``max_retries`` times, waiting what ``Retry-After`` asks (seconds or an HTTP date) or else an
@@ -21,7 +23,7 @@ import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import structlog
@@ -47,6 +49,8 @@ __all__ = ["OpenAICompatible", "RetryableProviderError", "endpoint", "parse_retr
 log = structlog.get_logger(__name__)
 Sleep = Callable[[float], Awaitable[None]]
 Clock = Callable[[], float]
+#: Where the API key goes: ``authorization`` (``Authorization: Bearer <key>``) or ``api-key`` (Azure OpenAI classic).
+ApiKeyHeader = Literal["authorization", "api-key"]
 #: The longest ``Retry-After`` honoured; a longer one is capped (and then bounded by the budget).
 MAX_RETRY_AFTER_S = 600.0
 
@@ -99,6 +103,7 @@ class OpenAICompatible(Provider):
         model: str,
         api_key: str | None,
         api_key_env: str | None = None,
+        api_key_header: ApiKeyHeader = "authorization",
         timeout_s: float = 60.0,
         max_retries: int = 4,
         backoff_s: float = 1.0,
@@ -106,7 +111,13 @@ class OpenAICompatible(Provider):
         sleep: Sleep = asyncio.sleep,
         clock: Clock = time.monotonic,
     ) -> None:
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # the key as ``Authorization: Bearer <key>`` (OpenAI, Azure's v1 API), or alone in ``api-key`` (Azure
+        # OpenAI's classic deployment URLs), never both
+        headers = (
+            ({"api-key": api_key} if api_key_header == "api-key" else {"Authorization": f"Bearer {api_key}"})
+            if api_key
+            else {}
+        )
         url = httpx.URL(base_url)
         # the base's query goes on every request (httpx would put ``/chat/completions`` after it)
         self._client = httpx.AsyncClient(
@@ -119,6 +130,7 @@ class OpenAICompatible(Provider):
         self._api_key = api_key
         #: The variable the key came from (the card's ``api_key_env``), named when the endpoint refuses the key.
         self._api_key_env = api_key_env
+        self._api_key_header = api_key_header
         self._endpoint = endpoint(base_url)
         self._timeout_s = timeout_s
         self._max_retries = max_retries
@@ -312,7 +324,8 @@ class OpenAICompatible(Provider):
         if self._api_key_env is None:
             return f"no API key was sent (the card sets no provider.api_key_env); {self._endpoint} may need one"
         return (
-            f"check the API key in the variable {self._api_key_env} (provider.api_key_env): "
+            f"check the API key in the variable {self._api_key_env} (provider.api_key_env"
+            f"{', sent as api-key' if self._api_key_header == 'api-key' else ''}): "
             f"{self._endpoint} does not accept it"
         )
 

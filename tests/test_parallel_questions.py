@@ -237,7 +237,11 @@ async def test_two_questions_in_one_turn_answered_in_reverse_order(
         )
         (announced,) = [e["data"] for e in await _events(http, stack, run_id) if e["type"] == "human.withdrawn"]
         assert (announced["request_id"], announced["recipient"]) == (alice_request, "user:alice")
-        assert (announced["reason"], announced["run_reason"]) == ("not_needed", None)
+        # not_needed when human-interaction handles the run's human.cancel_requested first; the run completes one
+        # scripted turn later, and a loaded machine may let the run's end cancel it first (run_completed): either
+        # way one event, for alice's question, and never another reason
+        assert announced["reason"] in ("not_needed", "run_completed"), announced
+        assert announced["run_reason"] is None
     # each answer is bound to its own request (the result above: each call read its own tool result, by position)
     for person, request_id, option in ((BOB, bob_request, "keep"), (ALICE, alice_request, "ship")):
         if wait_for == "first" and request_id == alice_request:

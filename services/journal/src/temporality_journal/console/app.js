@@ -1496,6 +1496,18 @@ function stepNode(step, openIds) {
   return li;
 }
 
+// A finished run's totals (GET /runs/{id}'s usage, from its terminal event): "3 turns · 475 tokens (420 in, 55 out) ·
+// 2 tool calls"; null while the run is live or when its terminal event carried none (an older executor's)
+function usageLine(usage) {
+  if (!usage) return null;
+  const n = (count, one) => `${count.toLocaleString("en")} ${one}${count === 1 ? "" : "s"}`;
+  const parts = [n(usage.turns, "turn"),
+    `${n(usage.total_tokens, "token")} (${usage.prompt_tokens.toLocaleString("en")} in, ` +
+    `${usage.completion_tokens.toLocaleString("en")} out)`, n(usage.tool_calls, "tool call")];
+  if (usage.samplings) parts.push(n(usage.samplings, "sampling"));
+  return h("span", { id: "run-usage" }, parts.join(" · "));
+}
+
 function runView(signal, runId) {
   const header = h("div", { class: "card", id: "run-header" }, "Loading…");
   const list = h("ol", { class: "timeline", id: "timeline", "aria-live": "polite" });
@@ -1531,6 +1543,7 @@ function runView(signal, runId) {
       ["Trigger", run.trigger_id
         ? h("a", { href: `#/triggers/${encodeURIComponent(run.trigger_id)}`, id: "run-trigger" }, run.trigger_id) : null],
       ["Created", when(run.created_at)], ["Finished", run.finished_at && when(run.finished_at)],
+      ["Usage", usageLine(run.usage)],
       // a cancelled run's "error" is why it was cancelled (and who asked): not an error
       ["Result", run.result], [run.state === "cancelled" ? "Cancelled" : "Error", run.error],
       ["Rerun of", run.rerun_of ? h("a", { href: `#/runs/${encodeURIComponent(run.rerun_of)}`, id: "run-rerun-of" },

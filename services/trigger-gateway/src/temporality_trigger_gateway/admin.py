@@ -56,6 +56,8 @@ from temporality_protocol import (
     make_event,
 )
 from temporality_protocol.trigger_admin import (
+    AdapterList,
+    AdapterView,
     DeliveryPage,
     PreviewAnswer,
     RedriveAnswer,
@@ -614,25 +616,6 @@ AUTH_PREFERENCE: tuple[str, ...] = (
     "bearer",
     "header",
 )
-
-
-class AdapterView(BaseModel):
-    """One webhook source (a trigger's ``adapter``), as the gateway serves it."""
-
-    name: str = Field(description="What a webhook trigger's adapter names (azure_devops.pull_request, github, …)")
-    description: str = Field(description="One line: what sends it")
-    auth_types: list[str] = Field(
-        description="The auth.type values that authenticate it besides none (always accepted, unauthenticated), "
-        "the recommended first"
-    )
-    event_types: list[str] | None = Field(
-        description="The event types it knows, sorted (what a trigger's events may list); null: any type the "
-        "sender names (generic)"
-    )
-
-
-class AdapterList(BaseModel):
-    adapters: list[AdapterView]
 
 
 def _auth_order(auth_type: str) -> tuple[int, str]:

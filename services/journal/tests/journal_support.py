@@ -45,7 +45,7 @@ from temporality_protocol import (
     make_event,
 )
 from temporality_protocol.catalog import ServiceSpec
-from temporality_protocol.events import HumanAskKind
+from temporality_protocol.events import HumanAskKind, RunUsage
 from temporality_service import (
     ApiAuth,
     ApiAuthSettings,
@@ -387,14 +387,14 @@ class RunStory:
             f"resumed.{self.request_id}",
         )
 
-    def completed(self, result: str = "merged") -> Envelope:
-        return self._event(RunCompleted(run_id=self.run_id, result=result, turns=2), "completed")
+    def completed(self, result: str = "merged", *, usage: RunUsage | None = None) -> Envelope:
+        return self._event(RunCompleted(run_id=self.run_id, result=result, turns=2, usage=usage), "completed")
 
-    def failed(self) -> Envelope:
-        return self._event(RunFailed(run_id=self.run_id, reason="tool_error", error="boom"), "failed")
+    def failed(self, *, usage: RunUsage | None = None) -> Envelope:
+        return self._event(RunFailed(run_id=self.run_id, reason="tool_error", error="boom", usage=usage), "failed")
 
-    def cancelled(self) -> Envelope:
-        return self._event(RunCancelled(run_id=self.run_id, reason="by user:bob"), "cancelled")
+    def cancelled(self, *, usage: RunUsage | None = None) -> Envelope:
+        return self._event(RunCancelled(run_id=self.run_id, reason="by user:bob", usage=usage), "cancelled")
 
     def withdrawn(
         self, reason: str = "run_cancelled", *, channel: str | None = "web", waited_s: float = 120

@@ -355,6 +355,16 @@ async def test_a_mindmap_trigger_is_created_and_edited_in_the_wizard_with_both_o
     await on_screen(page).get_by_label("Adapter", exact=True).fill("mindmap.test_case")
     await expect(on_screen(page).get_by_label("Auth type", exact=True)).to_have_value("mindmap", timeout=WAIT_MS)
     await expect(on_screen(page).get_by_label("Token environment variable", exact=True)).to_be_visible()
+    # the adapters offered and their event types are the gateway's (GET /gateway/adapters)
+    from temporality_trigger_gateway.adapters import ADAPTERS
+
+    await expect(page.locator("#adapters option")).to_have_count(len(ADAPTERS))
+    await expect(page.locator('#adapters option[value="github"]')).to_have_attribute(
+        "label", re.compile(r"^GitHub repository webhooks")
+    )
+    await expect(page.locator("#tw-events-known")).to_have_text(
+        "mindmap.test_case sends: test_case.created, test_case.updated"
+    )
     await walk_wizard(
         page,
         [
@@ -428,17 +438,18 @@ async def test_a_long_word_in_the_inbox_wraps_inside_the_card(
     assert right[1] <= right[2]
 
 
-def test_the_wizards_auth_per_adapter_is_the_gateways() -> None:
-    """The console's ADAPTER_AUTH (the auth types it preselects from) lists each adapter's auth types as the gateway
-    accepts them, first the one it preselects: a new adapter or auth type in the gateway fails here until the
-    console knows it."""
+def test_the_wizard_reads_the_adapters_from_the_gateway_and_offers_every_auth_type_they_take() -> None:
+    """The wizard keeps no list of adapters of its own (it reads GET /gateway/adapters, the gateway's registry:
+    test_journal_gateway and the Chromium wizard tests), and its Auth type select (AUTH_TYPES) offers every auth type
+    any adapter accepts -- a new auth type in the gateway fails here until the console knows its form."""
     from temporality_trigger_gateway.adapters import ADAPTERS
 
     source = (Path(temporality_journal.__file__).parent / "console" / "app.js").read_text(encoding="utf-8")
-    block = re.search(r"const ADAPTER_AUTH = \{(.*?)\n\};", source, re.DOTALL)
-    assert block is not None, "ADAPTER_AUTH not found in app.js"
-    console = {
-        name: set(re.findall(r'"([a-z_0-9]+)"', types))
-        for name, types in re.findall(r'^\s*"?([a-z_.]+)"?: \[([^\]]*)\]', block.group(1), re.MULTILINE)
-    }
-    assert console == {name: set(adapter.auth_types) for name, adapter in ADAPTERS.items()}
+    assert "const ADAPTER_AUTH" not in source
+    assert "const ADAPTERS" not in source
+    assert 'api("/gateway/adapters"' in source
+    block = re.search(r"const AUTH_TYPES = \[(.*?)\];", source, re.DOTALL)
+    assert block is not None, "AUTH_TYPES not found in app.js"
+    offered = set(re.findall(r'"([a-z_0-9]+)"', block.group(1)))
+    assert "none" in offered
+    assert set().union(*(adapter.auth_types for adapter in ADAPTERS.values())) <= offered

@@ -144,6 +144,24 @@ async def test_etag_and_if_match_pass_through(proxied: httpx.AsyncClient) -> Non
     assert gone.status_code == 404
 
 
+async def test_the_adapters_come_from_the_gateway_for_a_viewer(proxied: httpx.AsyncClient) -> None:
+    """GET /gateway/adapters: the gateway's adapter registry as the console's wizard reads it (viewer)."""
+    from temporality_trigger_gateway.adapters import ADAPTERS
+
+    assert (await proxied.get("/gateway/adapters")).status_code == 401
+    answer = await proxied.get("/gateway/adapters", headers=VIEWER)
+    assert answer.status_code == 200, answer.text
+    listed = answer.json()["adapters"]
+    assert [a["name"] for a in listed] == list(ADAPTERS)
+    mindmap = next(a for a in listed if a["name"] == "mindmap.test_case")
+    assert mindmap["auth_types"] == ["mindmap"]
+    assert mindmap["event_types"] == ["test_case.created", "test_case.updated"]
+    post = await proxied.post("/gateway/adapters", headers=ADMIN)
+    assert (post.status_code, post.headers["allow"]) == (405, "GET")
+    document = (await proxied.get("/openapi.json", headers=VIEWER)).json()
+    assert "get" in document["paths"]["/gateway/adapters"]
+
+
 async def test_the_gateway_checks_the_roles(proxied: httpx.AsyncClient) -> None:
     anonymous = await proxied.get("/gateway/triggers")
     assert anonymous.status_code == 401
@@ -245,7 +263,7 @@ async def test_the_document_declares_the_gateways_answers(
             theirs = (await direct.get("/openapi.json", headers=VIEWER)).json()
         ours = (await journal.get("/openapi.json", headers=VIEWER)).json()
     proxied = {path: ops for path, ops in ours["paths"].items() if path.startswith("/gateway/")}
-    assert len(proxied) == 7, sorted(proxied)
+    assert len(proxied) == 8, sorted(proxied)
     declared = 0
     for path, operations in proxied.items():
         upstream = theirs["paths"][path.removeprefix("/gateway")]
@@ -262,12 +280,16 @@ async def test_the_document_declares_the_gateways_answers(
                 ours_ref = our_answers[status]["content"]["application/json"]["schema"]["$ref"]
                 assert ours_ref == theirs_ref.replace("/schemas/", "/schemas/Gateway"), (method, path, status)
                 declared += 1
-    assert declared == 10  # list, create, preview, read, replace, enable, disable, deliveries, redrive 200 + 202
+    assert (
+        declared == 11
+    )  # list, create, preview, read, replace, enable, disable, deliveries, redrive 200 + 202, adapters
     components = ours["components"]["schemas"]
     gateway_components = sorted(name for name in components if name.startswith("Gateway"))
     assert gateway_components == sorted(
         f"Gateway{name}"
         for name in (
+            "AdapterList",
+            "AdapterView",
             "DeliveryPage",
             "DeliveryView",
             "PreviewAnswer",

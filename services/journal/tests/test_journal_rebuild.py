@@ -29,7 +29,7 @@ from temporality_journal.models import COMMIT_COUNTER_TABLE, EVENTS_TABLE, RUNS_
 from temporality_journal.tail import Tail
 from temporality_protocol import derive_id, make_event
 from temporality_protocol.catalog import CONSUMERS, EVENTS_STREAM
-from temporality_protocol.events import AgentAsked
+from temporality_protocol.events import AgentAsked, RunUsage
 
 MakeStory = Callable[..., Any]  # journal_support.RunStory
 
@@ -225,7 +225,7 @@ async def test_rebuild_drops_the_read_model_and_the_next_start_replays_the_strea
         s.human_requested(),
         s.answered(),
         s.resumed(),
-        s.completed(),
+        s.completed(usage=RunUsage(turns=2, tool_calls=1, prompt_tokens=30, completion_tokens=5, total_tokens=35)),
         rerun_requested,
         rerun_created,
     ]
@@ -265,6 +265,15 @@ async def test_rebuild_drops_the_read_model_and_the_next_start_replays_the_strea
             replayed_rerun = (await client.get(f"/runs/{rerun}")).json()
             reruns = (await client.get("/runs", params={"rerun_of": s.run_id})).json()["runs"]
     assert run["state"] == "completed"
+    # the replay projects the run's totals again (runs.usage_*, from its run.completed)
+    assert run["usage"] == {
+        "turns": 2,
+        "tool_calls": 1,
+        "prompt_tokens": 30,
+        "completion_tokens": 5,
+        "total_tokens": 35,
+        "samplings": 0,
+    }
     # the replay projects the rerun's lineage again (runs.rerun_of / rerun_requested_by)
     assert (replayed_rerun["rerun_of"], replayed_rerun["rerun_requested_by"]) == (s.run_id, "oncall")
     assert [r["run_id"] for r in reruns] == [rerun]

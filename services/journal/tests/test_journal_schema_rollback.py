@@ -21,6 +21,7 @@ from temporality_bus import NatsSettings
 from temporality_journal import Database, Recorder
 from temporality_journal.database import VERSION_TABLE, SchemaTooNew, head_revision, migrations
 from temporality_journal.models import JournalModel
+from temporality_protocol.events import RunUsage
 
 MakeStory = Callable[..., Any]  # journal_support.RunStory
 #: A revision no journal knows: what a future journal would leave behind.
@@ -66,6 +67,14 @@ async def _rerun_of(database: Database, run_id: str) -> str | None:
     return None if value is None else str(value)
 
 
+async def _total_tokens(database: Database, run_id: str) -> int | None:
+    async with database.engine.connect() as conn:
+        value = (
+            await conn.execute(text("SELECT usage_total_tokens FROM runs WHERE run_id = :r"), {"r": run_id})
+        ).scalar()
+    return None if value is None else int(value)
+
+
 async def _event_ids(database: Database) -> list[str]:
     async with database.engine.connect() as conn:
         return [str(v) for v in (await conn.execute(text("SELECT id FROM events ORDER BY stream_seq"))).scalars()]
@@ -73,20 +82,23 @@ async def _event_ids(database: Database) -> list[str]:
 
 async def test_downgrade_to_the_previous_revision_and_up_again(database_url: str, story: MakeStory) -> None:
     """The operator's case: the newer journal takes the schema to ``0005_revoked`` (what the version before
-    ``0006_reruns`` knows), the events and runs stay; the next start of the newer one migrates up and back-fills."""
+    ``0006_reruns`` knows: two steps down, ``0007_usage`` then ``0006_reruns``), the events and runs stay; the
+    next start of the newer one migrates up and back-fills both."""
     s = story()
     rerun = f"{s.run_id}-rerun-1"
-    events = [s.requested(), s.started(), s.completed(), *rerun_events(s, rerun)]
+    used = RunUsage(turns=2, tool_calls=1, prompt_tokens=30, completion_tokens=5, total_tokens=35)
+    events = [s.requested(), s.started(), s.completed(usage=used), *rerun_events(s, rerun)]
     async with Database.open(database_url) as database:
         recorder = Recorder(database)
         for seq, event in enumerate(events, start=1):
             await recorder.record(event, seq)
         assert await _rerun_of(database, rerun) == s.run_id
+        assert await _total_tokens(database, s.run_id) == 35
 
     code, out = await _journal_cli("downgrade", "0005_revoked", env={"TEMPORALITY_DATABASE_URL": database_url})
     assert code == 0, out
     assert "journal.downgraded" in out
-    assert "0006_reruns -> 0005_revoked" in out
+    assert "0007_usage -> 0005_revoked" in out
     assert "journal.downgrade_step" in out
     assert "loses=nothing" in out
 
@@ -94,7 +106,7 @@ async def test_downgrade_to_the_previous_revision_and_up_again(database_url: str
         assert await database.revision() == "0005_revoked"
         async with database.engine.connect() as conn:
             columns = await conn.run_sync(_columns, "runs")
-        assert not {"rerun_of", "rerun_requested_by"} & columns
+        assert not {"rerun_of", "rerun_requested_by", "usage_turns", "usage_total_tokens"} & columns
         assert await _event_ids(database) == [e.id for e in events]
 
     async with Database.open(database_url) as database:  # the newer journal's next start
@@ -102,6 +114,7 @@ async def test_downgrade_to_the_previous_revision_and_up_again(database_url: str
         async with database.engine.connect() as conn:
             assert await conn.run_sync(_drift) == []
         assert await _rerun_of(database, rerun) == s.run_id  # back-filled from the stored events
+        assert await _total_tokens(database, s.run_id) == 35  # from the stored run.completed
         assert await _event_ids(database) == [e.id for e in events]
 
 

@@ -1,4 +1,4 @@
-"""The answers of the trigger-gateway's admin API (``/triggers...``, TRG-1) as pydantic models: the gateway
+"""The answers of the trigger-gateway's admin API (``/triggers...`` and ``/adapters``, TRG-1) as pydantic models: the gateway
 declares them as its OpenAPI response bodies, and the journal, which proxies those routes for the console
 (``/gateway/triggers...``), declares the same bodies in its own document (``Gateway``-prefixed there: the
 journal has a ``TriggerView`` of its own). Here, not in the gateway, so the journal need not import it.
@@ -15,6 +15,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 __all__ = [
+    "AdapterList",
+    "AdapterView",
     "DeliveryPage",
     "DeliveryState",
     "DeliveryView",
@@ -131,3 +133,22 @@ class PreviewAnswer(BaseModel):
     title: str | None = None
     would_start_run: bool | None = None
     ignored: PreviewIgnored | None = Field(None, description="would_start_run false: why")
+
+
+class AdapterView(BaseModel):
+    """One webhook source (a trigger's ``adapter``), as the gateway serves it."""
+
+    name: str = Field(description="What a webhook trigger's adapter names (azure_devops.pull_request, github, …)")
+    description: str = Field(description="One line: what sends it")
+    auth_types: list[str] = Field(
+        description="The auth.type values that authenticate it besides none (always accepted, unauthenticated), "
+        "the recommended first"
+    )
+    event_types: list[str] | None = Field(
+        description="The event types it knows, sorted (what a trigger's events may list); null: any type the "
+        "sender names (generic)"
+    )
+
+
+class AdapterList(BaseModel):
+    adapters: list[AdapterView]

@@ -115,6 +115,7 @@ from temporality_journal.signin import AuthConfig, SignIn, auth_config
 from temporality_journal.tail import SSE_ITEM_SCHEMA, EventStreamResponse, Tail
 from temporality_protocol import RUN, AgentSummary, RunCancelRequested, RunStarted, RunState, derive_id, make_event
 from temporality_protocol.catalog import EVENTS_STREAM
+from temporality_protocol.events import RunUsage
 from temporality_protocol.states import AgentAskState
 from temporality_service import (
     HTTP_TELEMETRY,
@@ -259,6 +260,14 @@ class RunView(BaseModel):
     error: str | None
     last_event_seq: int | None
     waiting: Waiting | None
+    usage: RunUsage | None = Field(
+        default=None,
+        description="What the whole run used, over all its turns (turns, tool_calls, prompt_tokens, "
+        "completion_tokens, total_tokens, samplings): the usage of its run.completed, run.failed or run.cancelled; "
+        "null until the run has ended, and for a run whose terminal event has none (an older executor's). Tokens "
+        "are the provider's own count (the scripted provider reports 0). The per-turn figures are the run's "
+        "run.streamed events of kind metrics (GET /runs/{run_id}/events)",
+    )
     projected: bool = Field(
         default=True,
         description="False: no event that makes a run (run.requested, run.started, ...) has been journaled for "
@@ -315,7 +324,22 @@ class RunView(BaseModel):
             error=record.error,
             last_event_seq=record.last_event_seq,
             waiting=waiting,
+            usage=_usage_of(record),
         )
+
+
+def _usage_of(record: RunRecord) -> RunUsage | None:
+    """The run's totals (``runs.usage_*``, set together by its terminal event), or None before."""
+    if record.usage_turns is None:
+        return None
+    return RunUsage(
+        turns=record.usage_turns,
+        tool_calls=record.usage_tool_calls or 0,
+        prompt_tokens=record.usage_prompt_tokens or 0,
+        completion_tokens=record.usage_completion_tokens or 0,
+        total_tokens=record.usage_total_tokens or 0,
+        samplings=record.usage_samplings or 0,
+    )
 
 
 class RunList(BaseModel):

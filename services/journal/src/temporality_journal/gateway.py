@@ -1,5 +1,6 @@
 """The console's way to the trigger admin API: an allow-listed proxy ``/gateway/triggers...`` -> the
-trigger-gateway's ``/triggers...`` (UI-2, issue 9; the console's CSP allows ``connect-src 'self'`` only).
+trigger-gateway's ``/triggers...`` (and ``/gateway/adapters`` -> ``/adapters``: the webhook sources the wizard offers)
+(UI-2, issue 9; the console's CSP allows ``connect-src 'self'`` only).
 
 ==================================================  ==========================  =====================
 ``/gateway/triggers``                               ``GET``, ``POST``           list, create
@@ -8,6 +9,7 @@ trigger-gateway's ``/triggers...`` (UI-2, issue 9; the console's CSP allows ``co
 ``/gateway/triggers/{id}/enable`` / ``/disable``    ``POST``                    switch
 ``/gateway/triggers/{id}/deliveries``               ``GET``                     ``cursor``, ``limit`` only
 ``/gateway/triggers/{id}/deliveries/{d}/redrive``   ``POST``                    re-run a delivery; body {"rerun": n}: an accepted one as a new run
+``/gateway/adapters``                               ``GET``                     the webhook sources (adapters): the wizard's choices
 ==================================================  ==========================  =====================
 
 Anything else under ``/gateway/`` -- another path, an id the gateway's own patterns refuse
@@ -47,7 +49,14 @@ from starlette.responses import Response
 from temporality_journal.proxy import ALL_METHODS, MAX_ANSWER_BYTES, TIMEOUT_S, ShapeList, Upstream, upstream_client
 from temporality_journal.settings import Settings
 from temporality_journal.signin import SignIn
-from temporality_protocol.trigger_admin import DeliveryPage, PreviewAnswer, RedriveAnswer, TriggerList, TriggerView
+from temporality_protocol.trigger_admin import (
+    AdapterList,
+    DeliveryPage,
+    PreviewAnswer,
+    RedriveAnswer,
+    TriggerList,
+    TriggerView,
+)
 from temporality_service import PRINCIPAL_HEADER, AsViewer, ErrorBody, Forbidden, PrincipalVoucher
 from temporality_service.openapi import component_schemas, if_match, json_answer, json_body, operation
 
@@ -67,6 +76,7 @@ SHAPES: ShapeList = (
     (re.compile(rf"triggers/{_ID_PART}/(enable|disable)"), ("POST",)),
     (re.compile(rf"triggers/{_ID_PART}/deliveries"), ("GET",)),
     (re.compile(rf"triggers/{_ID_PART}/deliveries/[^/]+/redrive"), ("POST",)),
+    (re.compile(r"adapters"), ("GET",)),
 )
 TAG = "gateway proxy"
 #: What every proxied route says in OpenAPI.
@@ -92,6 +102,7 @@ OPENAPI_SCHEMAS = component_schemas(
     TriggerView=TriggerView,
     TriggerList=TriggerList,
     DeliveryPage=DeliveryPage,
+    AdapterList=AdapterList,
     RedriveAnswer=RedriveAnswer,
     PreviewAnswer=PreviewAnswer,
 )
@@ -282,6 +293,16 @@ def gateway_router(
             raise peer.no_route()
         upstream = f"/triggers/{_trigger(trigger_id)}/deliveries/{delivery_id}/redrive"
         return await forward(request, "POST", "/triggers/{id}/deliveries/{d}/redrive", upstream, body=True)
+
+    @router.get(
+        "/gateway/adapters",
+        description="The webhook sources a trigger's adapter may name: each one's name, a one-line description, "
+        "the auth types that authenticate it (besides none; the recommended first) and its event types (null: any "
+        f"the sender names). What the console's trigger wizard offers. {PROXIED}",
+        responses=_answer(200, AdapterList, "The webhook sources this gateway serves"),
+    )
+    async def list_adapters(request: Request, who: AsViewer, authorization: Auth = None) -> Response:
+        return await forward(request, "GET", "/adapters", "/adapters")
 
     @router.api_route("/gateway/{rest:path}", methods=ALL_METHODS, include_in_schema=False)
     async def elsewhere(request: Request, rest: str) -> Response:

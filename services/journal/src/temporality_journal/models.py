@@ -193,6 +193,15 @@ class RunSnapshot(JournalModel):
     finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime, index=True)
     result: str | None = None
     error: str | None = None
+    #: What the whole run used (the terminal event's ``usage``, :class:`temporality_protocol.events.RunUsage`):
+    #: set by ``run.completed`` / ``run.failed`` / ``run.cancelled``, ``None`` before the end and for a terminal
+    #: event without ``usage`` (older executors). Not moved by the per-turn ``run.streamed`` metrics.
+    usage_turns: int | None = Field(default=None, sa_type=BigInteger)
+    usage_tool_calls: int | None = Field(default=None, sa_type=BigInteger)
+    usage_prompt_tokens: int | None = Field(default=None, sa_type=BigInteger)
+    usage_completion_tokens: int | None = Field(default=None, sa_type=BigInteger)
+    usage_total_tokens: int | None = Field(default=None, sa_type=BigInteger)
+    usage_samplings: int | None = Field(default=None, sa_type=BigInteger)
     waiting_request_id: str | None = None
     waiting_recipient: str | None = None
     waiting_channel: str | None = None

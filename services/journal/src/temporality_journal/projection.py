@@ -35,9 +35,9 @@ agent.task.acted         ``resuming``, for the turn the run waits on (the agent'
 run.resumed              ``running`` -- except ``reason: recovery`` while the run waits on its own
                          external agent's turn: the agent took the task again (AP-8) or the
                          executor recovered the turn it offers again; the run still waits on it
-run.completed            ``completed``, ``finished_at``, ``result``
-run.failed               ``failed``, ``finished_at``, ``error`` = "<reason>: <error>"
-run.cancelled            ``cancelled``, ``finished_at``, ``error`` = the reason
+run.completed            ``completed``, ``finished_at``, ``result``, ``usage_*`` (``usage``)
+run.failed               ``failed``, ``finished_at``, ``error`` = "<reason>: <error>", ``usage_*``
+run.cancelled            ``cancelled``, ``finished_at``, ``error`` = the reason, ``usage_*``
 anything else            nothing (the recorder stores it; no run moves)
 =======================  ==================================================================
 
@@ -88,6 +88,7 @@ from temporality_protocol import (
     RunState,
 )
 from temporality_protocol.agent_tasks import task_id_for, turn_wait_id
+from temporality_protocol.events import RunUsage
 
 __all__ = ["PROJECTED_TYPES", "project", "project_onto", "run_id_of", "update_onto"]
 
@@ -327,15 +328,29 @@ def _waits_on_own_agent(run: RunSnapshot) -> bool:
 
 
 def _completed(run: RunSnapshot, data: RunCompleted, fact: _Fact) -> dict[str, Any] | None:
-    return _finish(run, fact, RunState.COMPLETED, result=data.result)
+    return _finish(run, fact, RunState.COMPLETED, result=data.result, **_usage(data.usage))
 
 
 def _failed(run: RunSnapshot, data: RunFailed, fact: _Fact) -> dict[str, Any] | None:
-    return _finish(run, fact, RunState.FAILED, error=f"{data.reason}: {data.error}")
+    return _finish(run, fact, RunState.FAILED, error=f"{data.reason}: {data.error}", **_usage(data.usage))
 
 
 def _cancelled(run: RunSnapshot, data: RunCancelled, fact: _Fact) -> dict[str, Any] | None:
-    return _finish(run, fact, RunState.CANCELLED, error=data.reason)
+    return _finish(run, fact, RunState.CANCELLED, error=data.reason, **_usage(data.usage))
+
+
+def _usage(usage: RunUsage | None) -> dict[str, Any]:
+    """The ``usage_*`` fields of a terminal event's ``usage`` (none without one: an older executor's event)."""
+    if usage is None:
+        return {}
+    return {
+        "usage_turns": usage.turns,
+        "usage_tool_calls": usage.tool_calls,
+        "usage_prompt_tokens": usage.prompt_tokens,
+        "usage_completion_tokens": usage.completion_tokens,
+        "usage_total_tokens": usage.total_tokens,
+        "usage_samplings": usage.samplings,
+    }
 
 
 #: What each projected data model does to a run (exactly the models of :data:`PROJECTED_TYPES`).

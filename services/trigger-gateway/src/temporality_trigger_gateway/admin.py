@@ -10,6 +10,7 @@
 ``POST /triggers/preview``             viewer    what a draft would make of a sample delivery; no effect
 ``GET /triggers/{id}/deliveries``      viewer    its deliveries' processing state, newest first (cursor)
 ``POST …/deliveries/{d}/redrive``      operator  re-run a rejected or failed delivery; ``{"rerun": n}``: an accepted one, as a new run (:mod:`.redrive`)
+``GET /adapters``                      viewer    the webhook sources a trigger's ``adapter`` may name (:func:`adapters_router`)
 =====================================  ========  ==================================================
 
 Authentication is :mod:`temporality_service.auth` (``Authorization: Bearer <API token>``): 401 without a
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import base64
 import re
+import sys
 from collections.abc import Awaitable, Mapping
 from datetime import UTC, datetime
 from typing import Annotated, Any, TypeVar
@@ -54,6 +56,8 @@ from temporality_protocol import (
     make_event,
 )
 from temporality_protocol.trigger_admin import (
+    AdapterList,
+    AdapterView,
     DeliveryPage,
     PreviewAnswer,
     RedriveAnswer,
@@ -73,6 +77,7 @@ from temporality_service import (
 from temporality_service.http import Conflict as HttpConflict
 from temporality_service.http import PreconditionFailed, PreconditionRequired, revision_of
 from temporality_service.openapi import component_schemas, if_match, json_body, operation
+from temporality_trigger_gateway.adapters import ADAPTERS, Adapter
 from temporality_trigger_gateway.agents import refresh_agents
 from temporality_trigger_gateway.errors import BusUnavailable
 from temporality_trigger_gateway.launch import Launcher
@@ -595,3 +600,70 @@ def _rerun_number(raw: bytes) -> int | None:
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+# ------------------------------------------------------------------ the webhook sources (GET /adapters)
+#: The order ``auth_types`` lists an adapter's auth types in: the sender's own signature first, then the
+#: generic signatures, then shared secrets (a type not listed here comes last, alphabetically). The first is
+#: what the console's wizard preselects for the adapter.
+AUTH_PREFERENCE: tuple[str, ...] = (
+    "github",
+    "gitlab",
+    "mindmap",
+    "standard_webhooks",
+    "hmac_sha256",
+    "basic",
+    "bearer",
+    "header",
+)
+
+
+def _auth_order(auth_type: str) -> tuple[int, str]:
+    known = AUTH_PREFERENCE.index(auth_type) if auth_type in AUTH_PREFERENCE else len(AUTH_PREFERENCE)
+    return known, auth_type
+
+
+def adapter_description(adapter: Adapter) -> str:
+    """The first line of the adapter's module docstring, without its "The ``name`` source:" and requirement ids:
+    ``"GitHub repository webhooks (pull requests, issues, …)."``."""
+    module = sys.modules.get(type(adapter).__module__)
+    first = ((module.__doc__ if module else None) or "").strip().split("\n", 1)[0]
+    text = re.sub(r"\s*\(TRG-[^)]*\)", "", first).replace("``", "")
+    head, sep, rest = text.partition(": ")
+    if sep and head.startswith("The ") and adapter.name in head:
+        text = rest
+    return text[:1].upper() + text[1:]
+
+
+def adapter_views() -> list[AdapterView]:
+    """Every adapter of :data:`~.adapters.ADAPTERS`, in its order (the Azure DevOps ones first)."""
+    return [
+        AdapterView(
+            name=name,
+            description=adapter_description(adapter),
+            auth_types=sorted(adapter.auth_types, key=_auth_order),
+            event_types=None if adapter.event_types is None else sorted(adapter.event_types),
+        )
+        for name, adapter in ADAPTERS.items()
+    ]
+
+
+def adapters_router() -> APIRouter:
+    """``GET /adapters`` (viewer): the webhook sources this gateway serves -- what the console's trigger wizard
+    offers (through the journal's ``/gateway/adapters``)."""
+    router = APIRouter(tags=["triggers"])
+    listed = AdapterList(adapters=adapter_views()).model_dump(mode="json")
+
+    @router.get(
+        "/adapters",
+        summary="List the webhook sources (adapters)",
+        response_model=AdapterList,
+        description="Each adapter a webhook trigger may name: its name, a one-line description, the auth types "
+        "that authenticate it (besides none; the recommended first) and the event types it knows (null: any the "
+        "sender names). Viewer role, as reading triggers. The same for every replica of a version: it changes "
+        "only with the gateway's code.",
+    )
+    async def list_adapters(who: AsViewer) -> JSONResponse:
+        return JSONResponse(listed)
+
+    return router

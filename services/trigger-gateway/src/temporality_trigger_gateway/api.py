@@ -54,7 +54,7 @@ from temporality_service.limits import client_address
 from temporality_service.openapi import add_schemas, json_body, operation
 from temporality_trigger_gateway.adapters import ADAPTERS, WebhookRequest
 from temporality_trigger_gateway.adapters.base import UNPARSED
-from temporality_trigger_gateway.admin import OPENAPI_SCHEMAS, admin_router
+from temporality_trigger_gateway.admin import OPENAPI_SCHEMAS, adapters_router, admin_router
 from temporality_trigger_gateway.errors import (
     BodyTooLarge,
     BusUnavailable,
@@ -110,6 +110,7 @@ def create_app(
     app.state.webhook_failures = failures
     install_error_handlers(app)
     (auth or ApiAuth()).install(app)
+    app.include_router(adapters_router(), responses={code: {"model": ErrorBody} for code in (401, 403)})
     if store is not None:
         app.include_router(
             admin_router(

@@ -1499,6 +1499,18 @@ function stepNode(step, openIds) {
   return li;
 }
 
+// A finished run's totals (GET /runs/{id}'s usage, from its terminal event): "3 turns · 475 tokens (420 in, 55 out) ·
+// 2 tool calls"; null while the run is live or when its terminal event carried none (an older executor's)
+function usageLine(usage) {
+  if (!usage) return null;
+  const n = (count, one) => `${count.toLocaleString("en")} ${one}${count === 1 ? "" : "s"}`;
+  const parts = [n(usage.turns, "turn"),
+    `${n(usage.total_tokens, "token")} (${usage.prompt_tokens.toLocaleString("en")} in, ` +
+    `${usage.completion_tokens.toLocaleString("en")} out)`, n(usage.tool_calls, "tool call")];
+  if (usage.samplings) parts.push(n(usage.samplings, "sampling"));
+  return h("span", { id: "run-usage" }, parts.join(" · "));
+}
+
 function runView(signal, runId) {
   const header = h("div", { class: "card", id: "run-header" }, "Loading…");
   const list = h("ol", { class: "timeline", id: "timeline", "aria-live": "polite" });
@@ -1534,6 +1546,7 @@ function runView(signal, runId) {
       ["Trigger", run.trigger_id
         ? h("a", { href: `#/triggers/${encodeURIComponent(run.trigger_id)}`, id: "run-trigger" }, run.trigger_id) : null],
       ["Created", when(run.created_at)], ["Finished", run.finished_at && when(run.finished_at)],
+      ["Usage", usageLine(run.usage)],
       // a cancelled run's "error" is why it was cancelled (and who asked): not an error
       ["Result", run.result], [run.state === "cancelled" ? "Cancelled" : "Error", run.error],
       ["Rerun of", run.rerun_of ? h("a", { href: `#/runs/${encodeURIComponent(run.rerun_of)}`, id: "run-rerun-of" },
@@ -2063,23 +2076,13 @@ function processingSection(signal, triggerId) {
 // Through the journal's /gateway/ proxy to the trigger-gateway's admin API (docs/console.md): the gateway
 // checks the token (viewer reads and previews, operator enables/disables, admin creates, replaces, deletes).
 const GATEWAY = "/gateway/triggers";
-const ADAPTERS = ["azure_devops.pull_request", "azure_devops.work_item", "azure_devops.push", "azure_devops.build", "github",
-  "gitlab", "generic", "mindmap.test_case"];
+// Every auth type the form offers ("none" first). The adapters -- which systems send webhooks, the auth types each
+// accepts besides "none" (the first one preselected when the adapter is typed or picked while the auth type is still
+// the form's own "none", never once the person picked one, nor when editing: "none" is accepted for every adapter,
+// but unauthenticated, with a warning) and the event types each knows -- are the gateway's own: GET /gateway/adapters
+// (its adapter registry), read when the wizard opens.
 const AUTH_TYPES = ["none", "basic", "bearer", "github", "gitlab", "header", "hmac_sha256", "standard_webhooks",
   "mindmap"];
-// The auth types each adapter accepts besides "none" (the gateway's Adapter.auth_types), the first one preselected when
-// the adapter is typed or picked while the auth type is still the form's own "none" (never once the person picked
-// one, nor when editing): "none" is accepted for every adapter, but unauthenticated, with a warning.
-const ADAPTER_AUTH = {
-  "azure_devops.pull_request": ["basic", "bearer", "header"],
-  "azure_devops.work_item": ["basic", "bearer", "header"],
-  "azure_devops.push": ["basic", "bearer", "header"],
-  "azure_devops.build": ["basic", "bearer", "header"],
-  github: ["github"],
-  gitlab: ["gitlab"],
-  generic: ["standard_webhooks", "bearer", "hmac_sha256", "header"],
-  "mindmap.test_case": ["mindmap"],
-};
 // The ``*_env`` field that names each auth type's secret (literal secrets are never written here): mindmap's
 // signing secret is secret_env and its per-trigger token token_env (both; the gateway's auth model).
 const SECRET_ENV = { basic: "password_env", bearer: "token_env" };
@@ -2366,24 +2369,44 @@ function wizardView(signal, triggerId) {
   f.authType.addEventListener("change", showAuth);
   let authPicked = editing;  // the stored auth, or the person's own pick, is never replaced
   f.authType.addEventListener("change", () => { authPicked = true; });
+  // the gateway's adapters by name (GET /gateway/adapters), once read; until then (or when the gateway cannot say)
+  // the adapter is typed freely and nothing is preselected
+  let adapters = {};
+  const adapterOptions = h("datalist", { id: "adapters" });
+  const knownEvents = h("p", { class: "muted", id: "tw-events-known", hidden: true });
+  const showKnownEvents = () => {
+    const adapter = adapters[f.adapter.value.trim()];
+    const known = adapter?.event_types;
+    knownEvents.hidden = !adapter;
+    knownEvents.textContent = !adapter ? ""
+      : known ? `${adapter.name} sends: ${known.join(", ")}` : `${adapter.name}: any type the sender names`;
+  };
   const preselectAuth = () => {
-    const accepted = ADAPTER_AUTH[f.adapter.value.trim()];
-    if (authPicked || !accepted || accepted.includes(f.authType.value)) return;
+    showKnownEvents();
+    const accepted = adapters[f.adapter.value.trim()]?.auth_types;
+    if (authPicked || !accepted?.length || accepted.includes(f.authType.value)) return;
     f.authType.value = accepted[0];
     showAuth();
   };
   f.adapter.addEventListener("change", preselectAuth);
   f.adapter.addEventListener("input", preselectAuth);
+  api("/gateway/adapters", { signal }).then((data) => {
+    adapters = Object.fromEntries(data.adapters.map((a) => [a.name, a]));
+    adapterOptions.replaceChildren(...data.adapters.map((a) => h("option", { value: a.name, label: a.description })));
+    preselectAuth();  // what was typed before the answer came
+  }).catch((error) => {
+    if (error?.name !== "AbortError") adapterOptions.dataset.unavailable = "true";
+  });
   const typeNote = (type, text) => h("p", { class: "muted type-note", dataset: { forType: type } }, text);
   // the type-specific parts: shown only for their type (.showParts)
   const webhookSource = h("div", { class: "part", dataset: { forType: "webhook" }, id: "part-webhook" },
     field("Adapter", f.adapter, "which system sends it: azure_devops.pull_request, github, gitlab, generic, …"),
-    h("datalist", { id: "adapters" }, ADAPTERS.map((a) => h("option", { value: a }))),
+    adapterOptions,
     field("Auth type", f.authType, "how the gateway checks the sender"),
     noAuthWarning, usernameField, headerField, secretEnvField_, tokenEnvField_);
   f.authType.setAttribute("aria-describedby", `${f.authType.getAttribute("aria-describedby")} ${noAuthWarning.id}`);
   const webhookEvents = h("div", { class: "part", dataset: { forType: "webhook" } },
-    field("Event types", f.events, "comma-separated, as the source names them"));
+    field("Event types", f.events, "comma-separated, as the source names them"), knownEvents);
   const scheduleWhen = h("div", { class: "part", dataset: { forType: "schedule" }, id: "part-schedule" },
     field("Cron", f.cron, "minute hour day month weekday"), field("Time zone", f.timezone, "IANA, e.g. Europe/Berlin"));
   const eventWhich = h("div", { class: "part", dataset: { forType: "event" }, id: "part-event" },

@@ -1,6 +1,6 @@
 """docker compose's way to the model provider's API key (an agent card's ``api_key_env``): the env file
 ``deploy/compose/executor.env`` (or ``$EXECUTOR_ENV_FILE``) is read by the run-executor only, ships nothing set
-(the shipped cards use the scripted provider), and its example names the variable the documented card reads."""
+(the shipped cards use the scripted provider), and its examples name the variables the documented cards read."""
 
 from __future__ import annotations
 
@@ -27,5 +27,5 @@ def test_compose_gives_the_executor_env_file_to_the_run_executor_only_and_it_shi
 def test_the_example_names_the_variable_the_documented_card_reads() -> None:
     examples = re.findall(r"^# ([A-Z][A-Z0-9_]*)='[^']*'$", EXECUTOR_ENV.read_text(encoding="utf-8"), re.MULTILINE)
     documented = set(re.findall(r"api_key_env: ([A-Z][A-Z0-9_]*)", (ROOT / "docs" / "agents.md").read_text("utf-8")))
-    assert examples == ["OPENAI_API_KEY"]
-    assert documented == {"OPENAI_API_KEY"}
+    assert examples == ["OPENAI_API_KEY", "AZURE_OPENAI_API_KEY"]
+    assert documented == set(examples)  # every variable a documented card reads has its commented example

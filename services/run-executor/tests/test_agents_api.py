@@ -60,7 +60,7 @@ def _files(tmp_path: Path) -> tuple[Path, Path]:
                 "tools": {"allow": ["get_input", "notes__*"], "deny": ["notes__boom"]},
                 "provider": {
                     "kind": "openai",
-                    "base_url": "https://ci:hunter2-pass@llm.example.com:8443/v1?api-key=k-123#frag",
+                    "base_url": "https://llm.example.com:8443/v1?api-key=k-123#frag",
                     "model": "gpt-test",
                     "api_key_env": "ARCHITECT_KEY_VAR",
                 },

@@ -37,6 +37,7 @@ __all__ = [
     "MEMO_KEY",
     "TEST_SUBSCRIPTION_ID",
     "AzureDevOpsPullRequest",
+    "AzureDevOpsSource",
     "PullRequestEvent",
     "azure_devops_test_notification",
     "identify_azure_devops",
@@ -160,6 +161,33 @@ def _subscription_id(request: WebhookRequest) -> object:
     return body.get("subscriptionId") if isinstance(body, dict) else None
 
 
+class AzureDevOpsSource(Adapter):
+    """What every Azure DevOps service-hook source shares: Basic, bearer or secret-header auth, the event id and
+    type from the body (:func:`identify_azure_devops`), the *Test* button's sample answered as a test
+    notification, and the refusal of another source's event (:meth:`other_event`)."""
+
+    auth_types: ClassVar[frozenset[str]] = frozenset({"basic", "bearer", "header"})
+    id_in_body: ClassVar[bool] = True  # signed with the body by a verifier that signs it
+    #: What this source's events are called in a refusal ("a build event").
+    noun: ClassVar[str]
+
+    def identify(self, request: WebhookRequest) -> SourceEvent:
+        return identify_azure_devops(self.name, request)
+
+    def test_notification(self, request: WebhookRequest) -> str | None:
+        return azure_devops_test_notification(_subscription_id(request))
+
+    def other_event(self, event_type: str) -> InvalidPayload | None:
+        """The refusal of ``event_type`` when it is not one of this source's, else ``None``."""
+        types = self.event_types or frozenset()
+        if event_type in types:
+            return None
+        return InvalidPayload(
+            f"{event_type!r} is not a {self.noun} event ({', '.join(sorted(types))})",
+            [{"loc": ["eventType"], "msg": f"not a {self.noun} event", "type": "value_error"}],
+        )
+
+
 _BOM = b"\xef\xbb\xbf"
 #: The key of the validated event (or ``None``: the general path) in :attr:`WebhookRequest.memo`.
 MEMO_KEY = "azure_devops.pull_request"
@@ -259,11 +287,10 @@ def _person(identity: Identity | None) -> dict[str, Any] | None:
 PR_EVENT_TYPES = frozenset({"git.pullrequest.created", "git.pullrequest.updated", "git.pullrequest.merged"})
 
 
-class AzureDevOpsPullRequest(Adapter):
+class AzureDevOpsPullRequest(AzureDevOpsSource):
     name: ClassVar[str] = "azure_devops.pull_request"
     event_types: ClassVar[frozenset[str] | None] = PR_EVENT_TYPES
-    auth_types: ClassVar[frozenset[str]] = frozenset({"basic", "bearer", "header"})
-    id_in_body: ClassVar[bool] = True  # signed with the body by a verifier that signs it
+    noun: ClassVar[str] = "pull request"
     reads_raw_body: ClassVar[bool] = True  # identify reads it (_pull_request_event), or parses it first
 
     def identify(self, request: WebhookRequest) -> SourceEvent:
@@ -283,11 +310,8 @@ class AzureDevOpsPullRequest(Adapter):
                 event = PullRequestEvent.model_validate(request.json)
             except ValidationError as exc:
                 raise invalid_payload(self.name, exc) from exc
-        if event.event_type not in PR_EVENT_TYPES:
-            raise InvalidPayload(
-                f"{event.event_type!r} is not a pull request event ({', '.join(sorted(PR_EVENT_TYPES))})",
-                [{"loc": ["eventType"], "msg": "not a pull request event", "type": "value_error"}],
-            )
+        if (refused := self.other_event(event.event_type)) is not None:
+            raise refused
         pr = event.resource
         repo = (pr.repository if pr else None) or Repository()
         project = repo.project.name if repo.project else None

@@ -21,6 +21,7 @@ from pydantic import Field, ValidationError
 
 from temporality_protocol import Actor, NormalizedEvent
 from temporality_trigger_gateway.adapters.azure_devops import (
+    AzureDevOpsSource,
     Container,
     Href,
     Identity,
@@ -28,21 +29,15 @@ from temporality_trigger_gateway.adapters.azure_devops import (
     _Ado,
     _origin,
     _person,
-    _subscription_id,
-    azure_devops_test_notification,
-    identify_azure_devops,
 )
 from temporality_trigger_gateway.adapters.azure_devops_push import event_message
 from temporality_trigger_gateway.adapters.base import (
-    Adapter,
-    SourceEvent,
     WebhookRequest,
     aware,
     clip,
     invalid_payload,
     web_link,
 )
-from temporality_trigger_gateway.errors import InvalidPayload
 
 __all__ = ["BUILD_EVENT_TYPES", "AzureDevOpsBuild"]
 
@@ -147,25 +142,15 @@ def _text(value: str | None) -> str | None:
     return clip(value, _Short) if value else None
 
 
-class AzureDevOpsBuild(Adapter):
+class AzureDevOpsBuild(AzureDevOpsSource):
     name: ClassVar[str] = "azure_devops.build"
     event_types: ClassVar[frozenset[str] | None] = BUILD_EVENT_TYPES
-    auth_types: ClassVar[frozenset[str]] = frozenset({"basic", "bearer", "header"})
-    id_in_body: ClassVar[bool] = True  # signed with the body by a verifier that signs it
-
-    def identify(self, request: WebhookRequest) -> SourceEvent:
-        return identify_azure_devops(self.name, request)
-
-    def test_notification(self, request: WebhookRequest) -> str | None:
-        return azure_devops_test_notification(_subscription_id(request))
+    noun: ClassVar[str] = "build"
 
     def normalize(self, request: WebhookRequest, *, tenant: str | None) -> NormalizedEvent:
         event_type = self.identify(request).type  # another event's resource is not checked as a build's
-        if event_type not in BUILD_EVENT_TYPES:
-            raise InvalidPayload(
-                f"{event_type!r} is not a build event ({', '.join(sorted(BUILD_EVENT_TYPES))})",
-                [{"loc": ["eventType"], "msg": "not a build event", "type": "value_error"}],
-            )
+        if (refused := self.other_event(event_type)) is not None:
+            raise refused
         try:
             event = BuildEvent.model_validate(request.json)
         except ValidationError as exc:

@@ -19,6 +19,7 @@ from pydantic import Field, ValidationError
 
 from temporality_protocol import Actor, NormalizedEvent
 from temporality_trigger_gateway.adapters.azure_devops import (
+    AzureDevOpsSource,
     Container,
     Identity,
     Message,
@@ -26,21 +27,15 @@ from temporality_trigger_gateway.adapters.azure_devops import (
     _Ado,
     _origin,
     _person,
-    _subscription_id,
     _without_user,
-    azure_devops_test_notification,
-    identify_azure_devops,
 )
 from temporality_trigger_gateway.adapters.base import (
-    Adapter,
-    SourceEvent,
     WebhookRequest,
     aware,
     clip,
     invalid_payload,
     web_link,
 )
-from temporality_trigger_gateway.errors import InvalidPayload
 
 __all__ = ["PUSH_EVENT_TYPES", "AzureDevOpsPush", "event_message"]
 
@@ -134,25 +129,15 @@ def _repository_page(repo: Repository | None) -> str | None:
     return repo.web_url or _without_user(repo.remote_url)
 
 
-class AzureDevOpsPush(Adapter):
+class AzureDevOpsPush(AzureDevOpsSource):
     name: ClassVar[str] = "azure_devops.push"
     event_types: ClassVar[frozenset[str] | None] = PUSH_EVENT_TYPES
-    auth_types: ClassVar[frozenset[str]] = frozenset({"basic", "bearer", "header"})
-    id_in_body: ClassVar[bool] = True  # signed with the body by a verifier that signs it
-
-    def identify(self, request: WebhookRequest) -> SourceEvent:
-        return identify_azure_devops(self.name, request)
-
-    def test_notification(self, request: WebhookRequest) -> str | None:
-        return azure_devops_test_notification(_subscription_id(request))
+    noun: ClassVar[str] = "push"
 
     def normalize(self, request: WebhookRequest, *, tenant: str | None) -> NormalizedEvent:
         event_type = self.identify(request).type  # another event's resource is not checked as a push's
-        if event_type not in PUSH_EVENT_TYPES:
-            raise InvalidPayload(
-                f"{event_type!r} is not a push event ({', '.join(sorted(PUSH_EVENT_TYPES))})",
-                [{"loc": ["eventType"], "msg": "not a push event", "type": "value_error"}],
-            )
+        if (refused := self.other_event(event_type)) is not None:
+            raise refused
         try:
             event = PushEvent.model_validate(request.json)
         except ValidationError as exc:

@@ -25,26 +25,21 @@ from pydantic import Field, ValidationError
 
 from temporality_protocol import Actor, NormalizedEvent
 from temporality_trigger_gateway.adapters.azure_devops import (
+    AzureDevOpsSource,
     Container,
     Href,
     Message,
     _Ado,
     _origin,
-    _subscription_id,
-    azure_devops_test_notification,
-    identify_azure_devops,
 )
 from temporality_trigger_gateway.adapters.base import (
     MAX_DESCRIPTION,
-    Adapter,
-    SourceEvent,
     WebhookRequest,
     aware,
     clip,
     invalid_payload,
     web_link,
 )
-from temporality_trigger_gateway.errors import InvalidPayload
 
 __all__ = ["WORK_ITEM_EVENT_TYPES", "AzureDevOpsWorkItem"]
 
@@ -115,28 +110,18 @@ def _change(value: Any) -> dict[str, Any] | None:
     return None
 
 
-class AzureDevOpsWorkItem(Adapter):
+class AzureDevOpsWorkItem(AzureDevOpsSource):
     name: ClassVar[str] = "azure_devops.work_item"
     event_types: ClassVar[frozenset[str] | None] = WORK_ITEM_EVENT_TYPES
-    auth_types: ClassVar[frozenset[str]] = frozenset({"basic", "bearer", "header"})
-    id_in_body: ClassVar[bool] = True  # signed with the body by a verifier that signs it
-
-    def identify(self, request: WebhookRequest) -> SourceEvent:
-        return identify_azure_devops(self.name, request)
-
-    def test_notification(self, request: WebhookRequest) -> str | None:
-        return azure_devops_test_notification(_subscription_id(request))
+    noun: ClassVar[str] = "work item"
 
     def normalize(self, request: WebhookRequest, *, tenant: str | None) -> NormalizedEvent:
         try:
             event = WorkItemEvent.model_validate(request.json)
         except ValidationError as exc:
             raise invalid_payload(self.name, exc) from exc
-        if event.event_type not in WORK_ITEM_EVENT_TYPES:
-            raise InvalidPayload(
-                f"{event.event_type!r} is not a work item event ({', '.join(sorted(WORK_ITEM_EVENT_TYPES))})",
-                [{"loc": ["eventType"], "msg": "not a work item event", "type": "value_error"}],
-            )
+        if (refused := self.other_event(event.event_type)) is not None:
+            raise refused
         resource = event.resource or WorkItemResource(id=0)
         updated = event.event_type == "workitem.updated"
         if updated:

@@ -321,6 +321,7 @@ async def test_the_429_is_audited_and_the_block_is_warned_once(
             "window_s": 120,
         }
     ]
+    assert not [entry for entry in logs if entry["event"] == "auth.failure_limit_reached"]  # nor per refusal
 
 
 # --------------------------------------------------------------------------- settings, through the service

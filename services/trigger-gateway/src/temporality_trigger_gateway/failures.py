@@ -64,9 +64,9 @@ class WebhookFailures:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         #: Failed authentications per ``"<address> <trigger id>"``.
-        self.credentials = FailureLimiter(max_failures, window_s, clock=clock)
+        self.credentials = FailureLimiter(max_failures, window_s, clock=clock, event=None)  # warned in _count
         #: Deliveries to unknown trigger ids per address.
-        self.unknown_ids = FailureLimiter(max_failures, window_s, clock=clock)
+        self.unknown_ids = FailureLimiter(max_failures, window_s, clock=clock, event=None)
 
     # ------------------------------------------------------------------ the endpoint's calls
     def admit(self, request: HTTPConnection, address: str | None, trigger_id: str) -> None:

@@ -19,7 +19,7 @@ from structlog.testing import capture_logs
 
 from temporality_service import ApiAuth, ApiAuthSettings, FailureLimiter, client_address, install_error_handlers
 from temporality_service.auth import AsViewer
-from temporality_service.limits import Exhausted, take
+from temporality_service.limits import Exhausted, TooManyFailures, take
 from temporality_service.server import HttpServer
 from temporality_service.settings import ProcessSettings
 from temporality_testing.waiting import eventually
@@ -160,6 +160,57 @@ def test_the_limiter_forgets_old_addresses_past_its_size() -> None:
         "10.0.0.8",
         "10.0.0.7",
         "10.0.0.6",
+    ]
+
+
+async def test_the_limit_is_logged_once_per_block_not_per_refused_request(tmp_path: Path) -> None:
+    clock = Clock()
+    auth = ApiAuth.from_settings(ApiAuthSettings(tokens_file=_tokens(tmp_path)))
+    auth._failures = FailureLimiter(2, 60, clock=clock)
+    proxy = ProcessSettings(forwarded_allow_ips="127.0.0.1").forwarded_allow_ips
+    attacker = "203.0.113.7"
+    with capture_logs() as logs:
+        async with served(_app(auth), forwarded_allow_ips=proxy) as client:
+            statuses = [(await client.get("/read", headers=_bearer(WRONG, attacker))).status_code for _ in range(6)]
+            clock.now += 60.5  # the block is over: the next one is logged again
+            statuses += [(await client.get("/read", headers=_bearer(WRONG, attacker))).status_code for _ in range(4)]
+    assert statuses == [401, 401, 429, 429, 429, 429, 401, 401, 429, 429]
+    logged = [entry for entry in logs if entry["event"] == "auth.failure_limit_reached"]
+    assert logged == 2 * [
+        {
+            "event": "auth.failure_limit_reached",
+            "log_level": "info",
+            "address": attacker,
+            "failures": 2,
+            "retry_after_s": 60,
+        }
+    ]
+
+
+def test_new_keys_past_the_size_push_out_the_oldest_never_a_blocked_one() -> None:
+    clock = Clock()
+    limiter = FailureLimiter(2, 10, clock=clock, max_addresses=3)
+    for _ in range(2):
+        limiter.failed("10.0.0.1")  # blocked
+    limiter.failed("10.0.0.2")  # one failure: below the limit
+    for n in range(100):  # a flood of new keys, one failure each
+        clock.now += 0.01
+        limiter.failed(f"10.1.0.{n}")
+    with pytest.raises(TooManyFailures):
+        limiter.check("10.0.0.1")  # still blocked
+    assert limiter.failures("10.0.0.1") == 2
+    assert [a for a in ("10.0.0.2", "10.1.0.96", "10.1.0.97", "10.1.0.98", "10.1.0.99") if limiter.failures(a)] == [
+        "10.1.0.97",
+        "10.1.0.98",
+        "10.1.0.99",
+    ]
+    for n in range(2, 5):  # blocked keys are bounded too: past the size the oldest block goes
+        for _ in range(2):
+            limiter.failed(f"10.0.0.{n}")
+    assert [a for a in (f"10.0.0.{n}" for n in range(1, 5)) if limiter.failures(a)] == [
+        "10.0.0.2",
+        "10.0.0.3",
+        "10.0.0.4",
     ]
 
 

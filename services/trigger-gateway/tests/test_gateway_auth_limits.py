@@ -250,6 +250,39 @@ async def test_unknown_ids_count_per_address_and_then_no_answer_tells_an_existin
         assert (await _hook(client, ATTACKER, {}, trigger_id="pr-review")).status_code == 404
 
 
+async def test_past_the_unknown_id_limit_a_body_refused_before_its_signature_is_429_too(
+    bus: Bus, settings: Settings, triggers: list[TriggerConfig]
+) -> None:
+    """A body-signed trigger reads the body before it checks the signature: past the unknown-id limit, a body too
+    large for an existing trigger gets the 429 a non-existent id gets, not a 413 that would tell them apart."""
+    failures = WebhookFailures(2, 60, clock=Clock())
+    big = b"{" + b" " * (settings.max_body_bytes + 10) + b"}"
+
+    async def oversized(client: httpx.AsyncClient, address: str, trigger_id: str) -> httpx.Response:
+        headers = {**github_headers(big, "pull_request", "d-big", secret="guess"), "Content-Type": "application/json"}
+        return await _hook(client, address, headers, trigger_id=trigger_id, body=big)
+
+    async def streamed(client: httpx.AsyncClient, trigger_id: str) -> httpx.Response:
+        async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: refused as the bytes come in
+            for _ in range(4):
+                yield big[: len(big) // 3]
+
+        headers = {"Content-Type": "application/json", "X-Forwarded-For": ATTACKER}
+        return await client.post(f"/hooks/{trigger_id}", content=chunks(), headers=headers)
+
+    async with gateway(settings, bus, triggers, failures) as client:
+        assert (await oversized(client, ATTACKER, "gh-review")).status_code == 413  # not blocked: the usual 413
+        for guess in ("gh", "review"):
+            assert (await _hook(client, ATTACKER, {}, trigger_id=guess)).status_code == 404
+        existing = await oversized(client, ATTACKER, "gh-review")
+        unknown = await oversized(client, ATTACKER, "gh-reviews")
+        chunked = await streamed(client, "gh-review")
+        for answer in (existing, unknown, chunked):
+            _assert_limited(answer, retry_after="60")
+        assert existing.content == unknown.content == chunked.content
+        assert (await oversized(client, OTHER, "gh-review")).status_code == 413  # another address
+
+
 # --------------------------------------------------------------------------- audit and log
 async def test_the_429_is_audited_and_the_block_is_warned_once(
     bus: Bus, event_log: EventLog, settings: Settings, triggers: list[TriggerConfig]
@@ -288,6 +321,7 @@ async def test_the_429_is_audited_and_the_block_is_warned_once(
             "window_s": 120,
         }
     ]
+    assert not [entry for entry in logs if entry["event"] == "auth.failure_limit_reached"]  # nor per refusal
 
 
 # --------------------------------------------------------------------------- settings, through the service

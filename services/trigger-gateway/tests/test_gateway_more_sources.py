@@ -291,6 +291,37 @@ def test_a_github_workflow_run() -> None:
     assert ADAPTERS["github"].run_title(event) == "Workflow ci failure in tidewater/ledger on feat/rate-cache"
 
 
+def test_untrusted_short_fields_are_clipped() -> None:
+    """An id, a state, a branch, a ref or a SHA the sender makes as long as it likes is kept to 200 characters
+    (a URL to 2048), as the older sources' are."""
+    long = "x" * 5000
+    build = fixture_json("ado-build-complete.json")
+    build["id"] = long
+    assert _normalize("azure_devops.build", build).id == long[:200]
+    push = fixture_json("git-push.json")
+    push["id"] = long
+    assert _normalize("azure_devops.push", push).id == long[:200]
+    review = fixture_json("github-pr-review-submitted.json")
+    review["review"]["state"] = long
+    assert _normalize("github", review, _gh("pull_request_review")).payload["review"]["state"] == long[:200]
+    run = fixture_json("github-workflow-run-completed.json")
+    run["workflow_run"]["head_branch"] = long
+    run["workflow_run"]["head_sha"] = long
+    event = _normalize("github", run, _gh("workflow_run"))
+    assert (event.payload["branch"], event.payload["head_sha"]) == (long[:200], long[:200])
+    acted = fixture_json("github-workflow-run-completed.json")
+    acted["action"] = long
+    assert len(ADAPTERS["github"].identify(webhook_request(acted, _gh("workflow_run"))).type) == 200
+    pipeline = fixture_json("gitlab-pipeline-failed.json")
+    pipeline["object_attributes"]["ref"] = long
+    pipeline["object_attributes"]["sha"] = long
+    pipeline["project"]["web_url"] = "https://gitlab.example/" + long
+    event = _normalize("gitlab", pipeline, _gl())
+    assert (event.payload["pipeline"]["ref"], event.payload["pipeline"]["sha"]) == (long[:200], long[:200])
+    assert event.payload["branch"] == long[:200]
+    assert len(event.payload["project"]["url"]) == len(event.source) == 2048
+
+
 # --------------------------------------------------------------------------- GitLab
 def test_a_gitlab_diff_comment_on_a_merge_request() -> None:
     event = _normalize("gitlab", fixture_json("gitlab-note-mr-diff.json"), _gl())

@@ -31,6 +31,7 @@ import functools
 import ipaddress
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 
 import structlog
@@ -54,7 +55,7 @@ log = structlog.get_logger(__name__)
 
 DEFAULT_MAX_FAILURES_PER_ADDRESS = 20
 DEFAULT_FAILURE_WINDOW_S = 300.0
-#: Addresses remembered at most (each a few floats): past it the expired ones go, then the oldest.
+#: Addresses remembered at most, below the limit and blocked each (a few floats each): past it the oldest goes.
 MAX_TRACKED_ADDRESSES = 10_000
 
 
@@ -121,7 +122,13 @@ class FailureLimiter:
     """Failures per client address within a sliding window, in this process (module docstring).
 
     :meth:`check` before a credential is compared, :meth:`failed` when it was wrong; both synchronous, so nothing
-    runs between them in one event loop."""
+    runs between them in one event loop. ``event`` (``auth.failure_limit_reached``) is logged at ``info`` once
+    per block, when the failure that reaches the limit is counted -- never per refused request (the webhook
+    endpoint faces the internet); None: the caller logs its own.
+
+    Keys below the limit and keys that reached it are kept apart, at most ``max_addresses`` of each, oldest
+    (last failure) first: past it the oldest goes -- expired ones first, as they are the oldest -- in constant
+    time, and a flood of new keys only ever pushes out other keys below the limit, never a blocked one."""
 
     def __init__(
         self,
@@ -130,6 +137,7 @@ class FailureLimiter:
         *,
         clock: Callable[[], float] = time.monotonic,
         max_addresses: int = MAX_TRACKED_ADDRESSES,
+        event: str | None = "auth.failure_limit_reached",
     ) -> None:
         if max_failures < 1 or window_s <= 0:
             raise ValueError("a failure limit needs at least 1 failure and a window longer than 0 s")
@@ -137,18 +145,21 @@ class FailureLimiter:
         self.window_s = window_s
         self.clock = clock
         self.max_addresses = max_addresses
-        self._failures: dict[str, list[float]] = {}
+        self.event = event
+        #: Keys below the limit, and keys that reached it (blocked, or were until their oldest failure left the
+        #: window), each oldest (last failure) first.
+        self._failures: OrderedDict[str, list[float]] = OrderedDict()
+        self._blocked: OrderedDict[str, list[float]] = OrderedDict()
 
     def check(self, address: str | None) -> None:
         """:class:`TooManyFailures` (with ``Retry-After``) when ``address`` reached the limit."""
         if address is None:
             return
-        times = self._failures.get(address)
+        times = self._blocked.get(address)  # a key below the limit is not blocked
         if not times:
             return
         wait = retry_after(times, self.clock(), self.window_s, self.max_failures)
         if wait is not None:
-            log.info("auth.failure_limit_reached", address=address, retry_after_s=wait)
             raise TooManyFailures(
                 f"too many wrong tokens from this address; retry in {wait} s", headers={"Retry-After": str(wait)}
             )
@@ -158,18 +169,22 @@ class FailureLimiter:
         if address is None:
             return
         now = self.clock()
-        times = recent(self._failures.pop(address, []), now, self.window_s)
+        times = self._blocked.pop(address, None)
+        if times is None:
+            times = self._failures.pop(address, [])
+        times = recent(times, now, self.window_s)
+        before = len(times)
         times.append(now)
-        self._failures[address] = times[-self.max_failures :]  # re-inserted: the dict is oldest-first
-        if len(self._failures) > self.max_addresses:
-            self._forget(now)
+        times = times[-self.max_failures :]
+        tracked = self._blocked if len(times) >= self.max_failures else self._failures
+        tracked[address] = times  # (re-)inserted last: oldest first
+        while len(tracked) > self.max_addresses:
+            tracked.popitem(last=False)
+        if before < self.max_failures <= len(times) and self.event is not None:  # a block starts: said once
+            wait = retry_after(times, now, self.window_s, self.max_failures)
+            log.info(self.event, address=address, failures=self.max_failures, retry_after_s=wait)
 
     def failures(self, address: str) -> int:
         """How many failures of ``address`` are within the window now."""
-        return len(recent(self._failures.get(address, []), self.clock(), self.window_s))
-
-    def _forget(self, now: float) -> None:
-        for address in [a for a, times in self._failures.items() if not recent(times, now, self.window_s)]:
-            del self._failures[address]
-        while len(self._failures) > self.max_addresses:
-            del self._failures[next(iter(self._failures))]
+        times = self._blocked.get(address) or self._failures.get(address, [])
+        return len(recent(times, self.clock(), self.window_s))

@@ -25,7 +25,8 @@ credential or signature (:mod:`temporality_service.audit`).
 Failed authentications are limited per client address (:mod:`temporality_trigger_gateway.failures`): past
 ``TEMPORALITY_GATEWAY_WEBHOOK_MAX_FAILURES`` within the window, the address's deliveries to that trigger are 429
 ``too_many_failures`` with ``Retry-After``, the right credentials too; past as many deliveries to unknown ids, the
-address's deliveries that do not authenticate are 429 instead of their 404, 503 or 401.
+address's deliveries that do not authenticate are 429 instead of their 404, 503 or 401 -- or of the 413, 400 or
+408 of a body not yet authenticated (a body-signed trigger's body is read before its signature is checked).
 """
 
 from __future__ import annotations
@@ -162,7 +163,12 @@ def create_app(
         raw = b""
         authenticated = not verifier.reads_body
         try:
-            raw = await _read_body(request, settings.max_body_bytes)
+            try:
+                raw = await _read_body(request, settings.max_body_bytes)
+            except ApiError as unread:  # 413, 400 (Content-Length), 408 (too slow)
+                if not authenticated:  # past the unknown-id limit: 429, as a delivery to an unknown id gets
+                    raise failures.unread(request, address, unread) from None
+                raise
             if verifier.reads_body:
                 # Again after the body's await: guesses sent at once each passed the check before any was counted.
                 failures.admit(request, address, trigger.id)

@@ -16,8 +16,9 @@ leaves the window), the body and header the API's limit answers, in the audit tr
 * **Per client address**: deliveries to an id no trigger has (404 ``unknown_trigger``): trigger-id enumeration.
   Past the limit every delivery of that address that does not authenticate is 429 -- to an unknown id instead of
   404, to a trigger this replica does not serve instead of 503, to a trigger with missing or wrong credentials
-  instead of 401 -- so the answers no longer tell an id that exists from one that does not. A delivery that
-  authenticates still goes through: that took the trigger's credentials, which an enumerator does not have, and
+  instead of 401, to a body-signed trigger with a body refused before its signature is checked (413 too large,
+  400 a bad ``Content-Length``, 408 too slow) instead of that refusal -- so the answers no longer tell an id
+  that exists from one that does not. A delivery that authenticates still goes through: that took the trigger's credentials, which an enumerator does not have, and
   a stale hook left pointing at a deleted trigger (404 at every event) from a shared sender address must not
   block the good hooks sent from there.
 
@@ -63,9 +64,9 @@ class WebhookFailures:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         #: Failed authentications per ``"<address> <trigger id>"``.
-        self.credentials = FailureLimiter(max_failures, window_s, clock=clock)
+        self.credentials = FailureLimiter(max_failures, window_s, clock=clock, event=None)  # warned in _count
         #: Deliveries to unknown trigger ids per address.
-        self.unknown_ids = FailureLimiter(max_failures, window_s, clock=clock)
+        self.unknown_ids = FailureLimiter(max_failures, window_s, clock=clock, event=None)
 
     # ------------------------------------------------------------------ the endpoint's calls
     def admit(self, request: HTTPConnection, address: str | None, trigger_id: str) -> None:
@@ -83,6 +84,18 @@ class WebhookFailures:
             return limited
         if refusal.status == 404:
             self._count(self.unknown_ids, address, address, None)
+        return refusal
+
+    def unread(self, request: HTTPConnection, address: str | None, refusal: ApiError) -> ApiError:
+        """What to answer a delivery not yet authenticated whose body was refused while it was read with
+        ``refusal`` (413 too large, 400 a bad ``Content-Length``, 408 too slow: a body-signed trigger reads the
+        body before it checks the signature): 429 (audited) when ``address`` reached the limit of unknown ids --
+        the refusal would tell an existing trigger from a missing one, which gets 429 -- else ``refusal``, not
+        counted."""
+        try:
+            self._check(request, self.unknown_ids, address)
+        except TooManyFailures as limited:
+            return limited
         return refusal
 
     def failed(

@@ -138,7 +138,7 @@ def identify_azure_devops(adapter: str, request: WebhookRequest) -> SourceEvent:
         envelope = _Envelope.model_validate(request.json)
     except ValidationError as exc:
         raise invalid_payload(adapter, exc) from exc
-    return SourceEvent(id=envelope.id, type=envelope.event_type)
+    return SourceEvent(id=envelope.id[:200], type=envelope.event_type[:200])  # untrusted: clipped as other sources'
 
 
 #: The ``subscriptionId`` of the sample event Azure DevOps' *Test* button sends from the service hook wizard
@@ -340,7 +340,7 @@ class AzureDevOpsPullRequest(AzureDevOpsSource):
         }
         pr_id = pr.pull_request_id if pr else None
         return NormalizedEvent(
-            id=event.id,
+            id=event.id[:200],  # as identify_azure_devops: untrusted, clipped
             type=f"azure_devops.{event.event_type}",
             source=source,
             timestamp=created_at or aware(event.created_date) or datetime.now(UTC),

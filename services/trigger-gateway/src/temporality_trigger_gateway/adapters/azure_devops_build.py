@@ -189,7 +189,7 @@ class AzureDevOpsBuild(AzureDevOpsSource):
                 f" of {definition.name}" if definition.name else ""
             )
         return NormalizedEvent(
-            id=event.id,
+            id=event.id[:200],  # as identify_azure_devops: untrusted, clipped
             type=f"azure_devops.{event.event_type}",
             source=source,
             timestamp=(aware(build.finish_time) if build else None) or aware(event.created_date) or datetime.now(UTC),

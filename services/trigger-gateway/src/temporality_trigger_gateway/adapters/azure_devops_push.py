@@ -168,7 +168,7 @@ class AzureDevOpsPush(AzureDevOpsSource):
         }
         pusher = push.pushed_by
         return NormalizedEvent(
-            id=event.id,
+            id=event.id[:200],  # as identify_azure_devops: untrusted, clipped
             type=f"azure_devops.{event.event_type}",
             source=source,
             timestamp=aware(push.date) or aware(event.created_date) or datetime.now(UTC),

@@ -163,7 +163,7 @@ class AzureDevOpsWorkItem(AzureDevOpsSource):
             "message": clip(message.splitlines()[0], 200) if message and title is None else None,
         }
         return NormalizedEvent(
-            id=event.id,
+            id=event.id[:200],  # as identify_azure_devops: untrusted, clipped
             type=f"azure_devops.{event.event_type}",
             source=source,
             timestamp=aware(event.created_date) or datetime.now(UTC),

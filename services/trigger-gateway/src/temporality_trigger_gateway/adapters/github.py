@@ -261,6 +261,11 @@ def _short(text: str | None) -> str | None:
     return clip(text, _SHORT) if text else text
 
 
+def _id(text: str | None) -> str | None:
+    """A short untrusted field (a state, a branch, a SHA): at most 200 characters."""
+    return text[:200] if text else text
+
+
 def _iso(value: datetime | None) -> str | None:
     found = aware(value)
     return found.isoformat() if found else None
@@ -292,7 +297,8 @@ class GitHub(Adapter):
             action = _Kind.model_validate(request.json).action
         except ValidationError as exc:
             raise invalid_payload(self.name, exc) from exc
-        return SourceEvent(id=delivery[:200], type=f"{event}.{action}" if action and event != "push" else event)
+        kind = f"{event}.{action}" if action and event != "push" else event
+        return SourceEvent(id=delivery[:200], type=kind[:200])  # untrusted: clipped
 
     def normalize(self, request: WebhookRequest, *, tenant: str | None) -> NormalizedEvent:
         source = self.identify(request)
@@ -470,7 +476,7 @@ class GitHub(Adapter):
                 },
                 "review": {
                     "id": review.id,
-                    "state": review.state,
+                    "state": _id(review.state),
                     "body": clip(review.body or "", MAX_DESCRIPTION),
                     "url": review.html_url,
                     "commit_id": review.commit_id,
@@ -501,16 +507,16 @@ class GitHub(Adapter):
                     "title": _short(run.display_title),
                     "number": run.run_number,
                     "attempt": run.run_attempt,
-                    "event": run.event,
-                    "status": run.status,
-                    "conclusion": run.conclusion,
+                    "event": _id(run.event),
+                    "status": _id(run.status),
+                    "conclusion": _id(run.conclusion),
                     "url": run.html_url,
                     "created_at": _iso(run.created_at),
                     "started_at": _iso(run.run_started_at),
                     "updated_at": _iso(run.updated_at),
                 },
-                "branch": run.head_branch,
-                "head_sha": run.head_sha,
+                "branch": _id(run.head_branch),
+                "head_sha": _id(run.head_sha),
                 "pull_requests": [p.number for p in run.pull_requests[:50]],
                 "triggered_by": _person(run.triggering_actor or run.actor),
             },

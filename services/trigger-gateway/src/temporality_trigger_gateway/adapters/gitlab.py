@@ -21,6 +21,7 @@ from typing import Annotated, Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from temporality_protocol import Actor, NormalizedEvent, SourceLink
+from temporality_protocol.events import MAX_LINK
 from temporality_trigger_gateway.adapters.base import (
     MAX_DESCRIPTION,
     Adapter,
@@ -251,8 +252,13 @@ class _Kind(_Gl):
     object_attributes: dict[str, Any] | None = None
 
 
+def _id(text: str | None) -> str | None:
+    """A short untrusted field (a status, a ref, a SHA): at most 200 characters."""
+    return text[:200] if text else text
+
+
 def _project(project: Project) -> dict[str, Any]:
-    return {"id": project.id, "path": project.path_with_namespace, "url": project.web_url}
+    return {"id": project.id, "path": project.path_with_namespace, "url": project.web_url[:MAX_LINK]}
 
 
 class GitLab(Adapter):
@@ -313,7 +319,7 @@ class GitLab(Adapter):
         return NormalizedEvent(
             id=source.id,
             type=f"gitlab.{source.type}",
-            source=project.web_url,
+            source=project.web_url[:MAX_LINK],
             timestamp=datetime.now(UTC),  # GitLab's own times are not in one format across versions
             actor=actor,
             tenant=tenant or project.namespace or project.path_with_namespace.partition("/")[0],
@@ -476,20 +482,20 @@ class GitLab(Adapter):
                     "id": pipeline.id,
                     "iid": pipeline.iid,
                     "name": clip(pipeline.name, 200) if pipeline.name else None,
-                    "status": pipeline.status,
-                    "detailed_status": pipeline.detailed_status,
-                    "source": pipeline.source,
-                    "ref": pipeline.ref,
+                    "status": _id(pipeline.status),
+                    "detailed_status": _id(pipeline.detailed_status),
+                    "source": _id(pipeline.source),
+                    "ref": _id(pipeline.ref),
                     "tag": pipeline.tag,
-                    "sha": pipeline.sha,
-                    "before_sha": pipeline.before_sha,
-                    "stages": (pipeline.stages or [])[:_LISTED],
+                    "sha": _id(pipeline.sha),
+                    "before_sha": _id(pipeline.before_sha),
+                    "stages": [s[:200] for s in (pipeline.stages or [])[:_LISTED]],
                     "created_at": pipeline.created_at,
                     "finished_at": pipeline.finished_at,
                     "duration_s": pipeline.duration,
-                    "url": page,
+                    "url": page[:MAX_LINK],
                 },
-                "branch": pipeline.ref if pipeline.ref and not pipeline.tag else None,
+                "branch": _id(pipeline.ref) if pipeline.ref and not pipeline.tag else None,
                 "merge_request": {"iid": mr.iid, "title": mr.title, "url": mr.url} if mr and mr.iid else None,
                 "commit": {
                     "id": event.commit.id,

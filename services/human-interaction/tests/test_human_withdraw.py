@@ -4,10 +4,26 @@ a late answer refused -- only if it is that run's; one withdrawn before it was s
 
 from __future__ import annotations
 
-import httpx
-from human_support import ALICE, delivered_then_withdrawn, events_of, exactly, requested, stored
+import dataclasses
+from typing import cast
 
-from temporality_bus import Bus, evolve
+import httpx
+import pytest
+from human_support import (
+    ALICE,
+    CrashingBus,
+    PublishCrash,
+    delivered_then_withdrawn,
+    events_of,
+    exactly,
+    requested,
+    running,
+    stored,
+)
+
+from temporality_bus import Bus, Consumer, Delivery, evolve
+from temporality_human_interaction.channels import ChannelAdapter
+from temporality_human_interaction.directory import Directory
 from temporality_human_interaction.records import open_store
 from temporality_human_interaction.requests import RequestHandler
 from temporality_human_interaction.runs import RunEndHandler
@@ -16,9 +32,11 @@ from temporality_protocol import (
     HumanCancelRequested,
     HumanRequestState,
     HumanWithdrawn,
+    RunCompleted,
     RunFailed,
     make_event,
 )
+from temporality_protocol.catalog import CONSUMERS
 
 
 def _withdrawal(run_id: str, *request_ids: str) -> Envelope:
@@ -106,3 +124,99 @@ async def test_a_run_that_fails_with_a_question_open_withdraws_it_with_one_event
     assert record is not None
     assert record.withdrawal_published
     assert (record.withdrawn_because, record.withdrawn_run_reason) == ("run.failed", "compute_timeout")
+
+
+def _run_completed(run_id: str) -> Envelope:
+    return make_event(RunCompleted(run_id=run_id, result="done", turns=1), source="/t", run_id=run_id)
+
+
+async def _cancelled_unannounced(bus: Bus, request_id: str) -> None:
+    """The request is cancelled and nobody was told: no ``human.withdrawn``, the record not marked."""
+    record = await stored(bus, request_id)
+    assert record is not None
+    assert record.status is HumanRequestState.CANCELLED
+    assert not record.withdrawal_published
+    assert await events_of(bus, "human.withdrawn", settle_s=0.2) == []
+
+
+async def test_a_question_after_its_run_ended_whose_withdrawal_was_lost_is_announced_by_the_redelivery(
+    bus: Bus, client: httpx.AsyncClient, directory: Directory, adapters: dict[str, ChannelAdapter]
+) -> None:
+    """The question arrives after its run ended: the intake cancels it and dies as it publishes ``human.withdrawn``
+    (after the cancel's compare-and-set). JetStream redelivers the ``human.requested`` (the real consumer runner);
+    that delivery finds the request no longer pending and still publishes the withdrawal, exactly once."""
+    asked = requested()
+    request_id, run_id = str(asked.data["request_id"]), str(asked.data["run_id"])
+    await RunEndHandler(bus).handle(_run_completed(run_id))  # none of its questions stored yet: the marker only
+    crashing = CrashingBus(bus, HumanWithdrawn.EVENT_TYPE)
+    handled: list[bool] = []
+    intake = RequestHandler(cast(Bus, crashing), directory, adapters)
+
+    async def handle(event: Envelope, delivery: Delivery) -> None:
+        try:
+            await intake.handle(event, delivery)
+        except PublishCrash:
+            handled.append(False)
+            await _cancelled_unannounced(bus, request_id)  # what the failed delivery left
+            raise
+        handled.append(True)
+
+    spec = dataclasses.replace(CONSUMERS["human-interaction-requests"], backoff_s=(0.05, 0.1))
+    async with running(Consumer(bus, spec, handler=handle, fetch_timeout_s=0.2)):
+        await bus.publish(asked)
+        [withdrawn] = await exactly(bus, "human.withdrawn")
+    assert crashing.crashed
+    assert handled == [False, True]  # the first delivery failed at the publish, the redelivery announced it
+    payload = withdrawn.payload(HumanWithdrawn)
+    assert (payload.request_id, payload.run_id, payload.reason, payload.run_reason) == (
+        request_id,
+        run_id,
+        "run_completed",
+        None,
+    )
+    record = await delivered_then_withdrawn(bus, client, request_id, reason="run_completed")
+    assert record.withdrawn_because == "run.completed"
+    await RequestHandler(bus, directory, adapters).handle(asked)  # yet another copy: marked, nothing more
+    await exactly(bus, "human.withdrawn")
+
+
+async def test_a_question_withdrawn_before_it_was_stored_is_announced_by_the_redelivery_after_a_crash(
+    bus: Bus, client: httpx.AsyncClient, directory: Directory, adapters: dict[str, ChannelAdapter]
+) -> None:
+    """HUM-7: the run withdrew the question before its intake; the intake cancels it and dies at the publish. The
+    redelivery announces it (``not_needed``), once however often it comes."""
+    asked = requested()
+    request_id, run_id = str(asked.data["request_id"]), str(asked.data["run_id"])
+    await RunEndHandler(bus).handle(_withdrawal(run_id, request_id))
+    with pytest.raises(PublishCrash):
+        await RequestHandler(cast(Bus, CrashingBus(bus, HumanWithdrawn.EVENT_TYPE)), directory, adapters).handle(asked)
+    await _cancelled_unannounced(bus, request_id)
+    again = RequestHandler(bus, directory, adapters)
+    await again.handle(asked)  # the redelivery
+    await again.handle(asked)  # and another
+    record = await delivered_then_withdrawn(bus, client, request_id, reason="not_needed")
+    assert record.withdrawn_because == "not_needed"
+
+
+@dataclasses.dataclass
+class _Delivered:
+    num_delivered: int
+
+
+async def test_an_intake_given_up_after_its_cancel_lost_the_withdrawal_announces_it_from_the_hook(
+    bus: Bus, client: httpx.AsyncClient, directory: Directory, adapters: dict[str, ChannelAdapter]
+) -> None:
+    """The intake cancels a question whose run ended and fails at the publish until the consumer gives the message
+    up: the dead-letter hook finds the request cancelled, announces it once, and rejects nothing."""
+    asked = requested()
+    request_id, run_id = str(asked.data["request_id"]), str(asked.data["run_id"])
+    await RunEndHandler(bus).handle(_run_completed(run_id))
+    with pytest.raises(PublishCrash):
+        await RequestHandler(cast(Bus, CrashingBus(bus, HumanWithdrawn.EVENT_TYPE)), directory, adapters).handle(asked)
+    await _cancelled_unannounced(bus, request_id)
+    hook = RequestHandler(bus, directory, adapters)
+    await hook.on_dead_letter(asked, cast(Delivery, _Delivered(5)), RuntimeError("publish timed out"))
+    await hook.on_dead_letter(asked, cast(Delivery, _Delivered(6)), RuntimeError("deliveries exhausted"))
+    record = await delivered_then_withdrawn(bus, client, request_id, reason="run_completed")
+    assert record.intake_failed is None
+    assert await events_of(bus, "human.rejected") == []

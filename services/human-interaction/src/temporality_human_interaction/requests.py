@@ -13,7 +13,9 @@ the I/O in an order where every step is idempotent under redelivery:
    answer arriving before the notification is never lost. Just after, index it under its run
    (``runs.index_new_request``: with the deadline and who may answer it, the inbox's index too); if the
    run already ended (or withdrew it), cancel it here -- told by the replica's mirror once it has applied that
-   run entry, without a read (:mod:`.runs` says why the order makes that safe).
+   run entry, without a read (:mod:`.runs` says why the order makes that safe). A redelivery that finds it
+   cancelled so publishes its ``human.withdrawn`` when the record does not say that was done (the delivery that
+   cancelled it failed before: nothing else would ever publish it).
 3. Arm the deadline as a JetStream message schedule (deterministic ``Nats-Msg-Id``: a repeat is
    deduplicated, and the deadline handler ignores a request that is no longer pending) *before*
    delivering: a request whose delivery keeps failing (and is finally dead-lettered) still expires
@@ -357,6 +359,8 @@ class RequestHandler:
                 )
                 record = cancelled or record
                 known = None
+        else:  # cancelled by a delivery before this one, which may have failed before its human.withdrawn
+            record = await self._announce_withdrawal(record)
 
         #: The writes that end the intake, sent together in one pipelined round trip (in this order): the deadline
         #: (unless armed before a channel sends below), the chain's next step, ``human.notified``. Each is stored or
@@ -585,6 +589,7 @@ class RequestHandler:
                 )
                 record = cancelled or record
         else:  # its run entry marked ended (created so when missing): listed by no inbox, purged in time
+            record = await self._announce_withdrawal(record)  # a cancel before this call may not have said so
             await mark_run_entry_ended(self._bus, record, self._mirror)
         writes: list[tuple[_IntakeWrite, Write]] = []
         if record.pending:
@@ -604,6 +609,28 @@ class RequestHandler:
                 raise outcome
         log.info("request.completed_as_stored", status=record.status.value, channel=record.channel)
         return record
+
+    async def _announce_withdrawal(self, record: HumanRequestRecord) -> HumanRequestRecord:
+        """Publish the ``human.withdrawn`` still owed for ``record``: one cancelled because its run ended or withdrew
+        it (not a stand-in the intake gave up on, ``intake_failed``) whose record does not say it was published.
+        A delivery before this one cancelled it here and then failed (a timeout on the publish, a crash) before its
+        event was on the bus; this delivery finds it no longer pending, so does not cancel it, and nothing else
+        would ever publish it. :func:`.runs.cancel_pending` (safe to repeat: it cancels nothing more) publishes it,
+        with the reason the cancel stored, then marks the record. The record as it stands after."""
+        if (
+            record.status is not HumanRequestState.CANCELLED
+            or record.withdrawal_published
+            or record.intake_failed is not None
+        ):
+            return record
+        # the reason the cancelling compare-and-set stored; a record cancelled before it was stored: the markers'
+        because = record.withdrawn_because or await self._ended(record)
+        if because is None:
+            log.warning("request.withdrawal_unnamed", status=record.status.value)
+            return record
+        log.info("request.withdrawal_owed", because=because)
+        announced = await cancel_pending(self._bus, record.request_id, because, None, self._observer, self._mirror)
+        return announced or record
 
     def _fallback_from(self, record: HumanRequestRecord) -> str | None:
         """``human.notified.fallback_from`` for ``record``'s channel: the preferred channel of the (first) person

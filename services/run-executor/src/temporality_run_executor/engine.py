@@ -131,8 +131,8 @@ from temporality_protocol import (
     HumanAnswered,
     HumanExpired,
     HumanRejected,
+    LaunchSource,
     RunCancelRequested,
-    RunFailed,
     RunRequested,
     RunState,
     encode_event,
@@ -566,35 +566,60 @@ class Engine:
         with structlog.contextvars.bound_contextvars(run_id=run_id):
             await self._handle(run_id, incoming, _attempt(delivery, self.max_deliver))
             if message.type == RunRequested.EVENT_TYPE and not incoming.lost_race:
-                await self._fail_never_created(message, incoming)
+                await self._fail_never_created(message, incoming, _attempt(delivery, self.max_deliver))
 
-    async def _fail_never_created(self, message: Envelope, incoming: DeadLettered) -> None:
+    async def _fail_never_created(self, message: Envelope, incoming: DeadLettered, attempt: Attempt) -> None:
         """A ``run.requested`` given up on before it created the run (its data invalid, say): the journal shows the
-        run ``pending`` from the request alone, so without this it stayed pending for ever. When no record exists
-        and the envelope names a valid run id, ``run.failed`` reason ``infrastructure_error`` is published for it
-        under the run's deterministic failure id (a repeat of the hook is deduplicated, and a run created later by
-        a copy of the request would fail with that same id). No record is written: nothing here can drive it."""
+        run ``pending`` from the request alone, so without this it stayed pending for ever.
+
+        The run store decides, as for any run: the hook creates the run's record already ``failed``
+        (``infrastructure_error``, :attr:`~.records.RunRecord.never_started`) with the same create-if-absent the
+        request's handler uses (:class:`~.machine.CreateRun`), and only when that create wins is ``run.failed``
+        published -- from the record, by the machine, as every end is (:func:`~.machine._ended`: the record is its
+        outbox, marked published once acknowledged; a retried hook publishes it again until then). When the create
+        loses, the request's handler made the record first (the last delivery still running on another replica, say)
+        and the machine decided above: nothing is published here. A later copy of the request (``temporality dlq
+        redrive``, that slower replica) then finds the record finished and starts nothing (:func:`~.machine._requested`).
+
+        The event has the run's standard failure id (``event_id(run_id, "run.failed")``): one record per run id, so
+        the hook's failure and a failure of the run itself cannot both exist -- whichever record the create let in
+        is the only one that ends, once."""
         run_id = message.runid
         if not isinstance(run_id, str) or not _VALID_RUN_ID.fullmatch(run_id):
             return
-        if await self.runs.get(run_id) is not None:
-            return  # created: the machine decided above (failed it, or left it to what drives it)
         error = (
             f"{incoming.event_type} {incoming.event_id} dead-lettered after {incoming.deliveries} deliveries before "
             f"the run was created: {incoming.error}"
         )
-        data = RunFailed(run_id=run_id, reason="infrastructure_error", error=cut(error, 2_000))
-        event = make_event(
-            data,
-            source=SOURCE,
-            id=event_id(run_id, RunFailed.EVENT_TYPE),
+        error = cut(error, 2_000)
+        data = message.data if isinstance(message.data, dict) else {}
+        try:
+            launch = LaunchSource.model_validate(data.get("launch"))
+        except ValidationError:
+            launch = LaunchSource(kind="api")
+        now = self.clock()
+        record = RunRecord(
             run_id=run_id,
+            state=RunState.FAILED,
+            agent=data["agent"] if isinstance(data.get("agent"), str) else "",
+            title=data["title"] if isinstance(data.get("title"), str) else "",
+            launch=launch,
             correlation_id=message.correlationid or run_id,
-            causation_id=message.id,
             tenant=message.tenant,
+            created_at=now,
+            updated_at=now,
+            error=f"infrastructure_error: {error}",
+            ending=Ending(reason="infrastructure_error", causation=message.id),
+            requested_event=message.id,
+            never_started=True,
         )
-        result = await self.bus.publish(event)
-        log.warning("run.dead_letter.never_created_failed", event_id=event.id, duplicate=result.duplicate)
+        try:
+            await self.runs.create(run_id, record, validated=True)
+        except AlreadyExists:
+            return  # made first (by the request's handler, or this hook before): the machine decided above
+        log.warning("run.dead_letter.never_created_failed", error=error)
+        # the end of the record just written, published by the machine as for any finished run (_ended)
+        await self._handle(run_id, incoming, attempt)
 
     async def on_watchdog(self, data: bytes, delivery: Delivery) -> None:
         """A run's watchdog fired (the raw handler of ``run-executor-watchdog``); see :mod:`.watchdog`."""

@@ -1174,6 +1174,9 @@ def _requested(
             return _decision(CreateRun(new_record(incoming, now)), then=incoming)
         # created running, held by this handler: one record write before run.started (started_record)
         return _decision(CreateRun(started_record(incoming, attempt, now)), then=incoming)
+    if run.never_started:  # failed by the dead-letter hook before it was created: stays failed, starts nothing
+        fields = {"state": run.state.value}
+        return _decision(*_ended(run, ckpt, again=True), Note("run.requested.never_started", fields=fields))
     # run.created follows from the run.requested that created the record (a later copy of the request: the same)
     requested = run.requested_event or incoming.event_id or None
     created = Publish(

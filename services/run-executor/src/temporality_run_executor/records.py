@@ -263,6 +263,11 @@ class RunRecord(_Model):
     #: The id of the ``run.requested`` event that created the record: ``run.created``'s causation, the same
     #: whichever copy of the request comes later (records from before it read ``None``: the request at hand's).
     requested_event: str | None = None
+    #: Written by the dead-letter hook for a ``run.requested`` given up on before it created the run (its data
+    #: unreadable, say): the record is created already ``failed`` (``infrastructure_error``), so the run never
+    #: started and no ``run.created`` went out for it. A later copy of the request (``temporality dlq redrive``, a
+    #: slower replica's last delivery) finds it finished and starts nothing, publishes no ``run.created``.
+    never_started: bool = False
 
 
 class Checkpoint(_Model):

@@ -103,3 +103,52 @@ async def test_a_stopped_service_is_reported_once_with_what_to_do_and_its_return
         if stopped:
             os.kill(journal.pid or 0, signal.SIGCONT)
         journal.terminate(10)
+
+
+@pytest.mark.timeout(120)
+async def test_a_probe_that_waits_for_its_timeout_does_not_hold_up_the_supervisor_s_loop(
+    tmp_path: Path, bus: Bus, nats_settings: NatsSettings
+) -> None:
+    """The probes run in the supervisor's probe threads: while a stopped service's ``/healthz`` takes its whole
+    (long) timeout, every ``check`` (the loop that restarts what crashed) still returns at once."""
+    stack = Stack(
+        StackConfig(data_dir=tmp_path / "data", config_dir=CONFIG, nats_url=nats_settings.url, journal_port=free_port())
+    )
+    stack._prepare()
+    journal = ServiceProcess("journal", stack.env_for("journal"), stack.data_dir / "run", cwd=stack.data_dir)
+    stack.replicas["journal"] = [journal]
+    stack.services["journal"] = journal
+    journal.start()
+    stopped = False
+    printed = Printed()
+    policy = RestartPolicy(service_probe_every_s=0.2, service_probe_timeout_s=3.0, service_hung_after=1)
+    supervisor: Supervisor | None = None
+    try:
+        await asyncio.to_thread(journal.wait_ready, 60)
+        supervisor = Supervisor(stack, printed, policy=policy)
+        pid = journal.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        stopped = True
+
+        def loop() -> list[float]:
+            assert supervisor is not None
+            took: list[float] = []
+            deadline = time.monotonic() + 30
+            while not any("has not answered /healthz" in line for line in printed.lines):
+                assert time.monotonic() < deadline, printed.lines
+                started = time.monotonic()
+                assert supervisor.check() is None
+                took.append(time.monotonic() - started)
+                time.sleep(0.05)
+            return took
+
+        took = await asyncio.to_thread(loop)
+        assert len(took) > 20  # the probe's 3 s timeout passed while the loop went round
+        assert max(took) < 1.0, max(took)  # (in the loop before: 3 s, the probe's timeout)
+    finally:
+        if supervisor is not None:
+            supervisor.close()
+        if stopped:
+            os.kill(journal.pid or 0, signal.SIGCONT)
+        journal.terminate(10)

@@ -335,11 +335,14 @@ def _up(args: argparse.Namespace) -> int:
         )
     _out("Press Ctrl-C to stop.")
     code = 0
-    while not stop.wait(0.5):
-        result = supervisor.check()
-        if result is not None:
-            code = result
-            break
+    try:
+        while not stop.wait(0.5):
+            result = supervisor.check()
+            if result is not None:
+                code = result
+                break
+    finally:
+        supervisor.close()
     _out("Stopping ...")
     stack.stop()
     _out("Stopped.")

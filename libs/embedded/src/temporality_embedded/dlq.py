@@ -727,7 +727,10 @@ async def _run(args: argparse.Namespace, out: TextIO, audit: Any) -> int:
     if args.dlq_command in ("redrive", "purge"):
         _select_check(args)
     try:
-        async with Bus.connect(settings, name="temporality-dlq") as bus:
+        # replies below _INBOX.dlq-operator, the inbox OPERATOR_USER may read (a full-access user may read any), also
+        # when the user comes from a credentials or nkey seed file, which has no user name to derive it from
+        inbox = service_inbox(OPERATOR_USER)
+        async with Bus.connect(settings, name="temporality-dlq", inbox_prefix=inbox) as bus:
             try:
                 await bus.js.stream_info(DLQ_STREAM.name)
             except NotFoundError:

@@ -21,6 +21,8 @@ from typing import Any
 
 import yaml
 from pydantic import SecretStr
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 from temporality_bus import NatsSettings
 from temporality_bus.timers import LegacyMigration
@@ -210,27 +212,31 @@ def migrate_timers(url: str, user: str | None = None, password: str | None = Non
 _SECRET_QUERY = re.compile(r"(?i)^(password|sslpassword|passwd|pwd)$")
 
 
+#: What :func:`redacted_url` shows for a database URL it cannot parse (a libpq keyword string, ``host=db password=...``).
+UNPARSEABLE_URL = "<unparseable database URL>"
+
+
 def redacted_url(url: str) -> str:
-    """``url`` without its secrets, for a banner or a log: the password of its user part (``user:***@host``) and
-    of any ``password=`` query parameter become ``***``. A URL that does not parse is shown as its scheme only."""
+    """``url`` without its secrets, for a banner or a log: the password of its user part (``user:***@host``, parsed
+    as SQLAlchemy parses it, so a password holding ``/``, ``?`` or ``#`` is hidden whole) and of any ``password=``
+    query parameter become ``***``. A URL SQLAlchemy does not parse is shown as :data:`UNPARSEABLE_URL`."""
     try:
-        parts = urllib.parse.urlsplit(url)
-        netloc = parts.netloc
-        if "@" in netloc:
-            userinfo, host = netloc.rsplit("@", 1)
-            if ":" in userinfo:
-                userinfo = userinfo.split(":", 1)[0] + ":***"
-            netloc = f"{userinfo}@{host}"
-        query = parts.query
-        pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
-        if any(_SECRET_QUERY.match(key) for key, _value in pairs):
-            shown = [(key, "***" if _SECRET_QUERY.match(key) else value) for key, value in pairs]
-            query = urllib.parse.urlencode(shown, safe="*/:")
-        if (netloc, query) == (parts.netloc, parts.query):
-            return url  # nothing secret (urlunsplit would also drop the empty host of sqlite:////abs/path)
-        return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
-    except ValueError:
-        return url.split(":", 1)[0] + "://***"
+        parsed = make_url(url)
+    except (ArgumentError, ValueError, TypeError):
+        return UNPARSEABLE_URL
+    pairs = [
+        (key, value)
+        for key, values in parsed.query.items()
+        for value in (values if isinstance(values, tuple) else (values,))
+    ]
+    secret_query = any(_SECRET_QUERY.match(key) for key, _value in pairs)
+    if parsed.password is None and not secret_query:
+        return url  # nothing secret (shown as given)
+    shown = parsed.set(query={}).render_as_string(hide_password=True)
+    if not pairs:
+        return shown
+    masked = [(key, "***" if _SECRET_QUERY.match(key) else value) for key, value in pairs]
+    return f"{shown}?{urllib.parse.urlencode(masked, safe='*/:')}"
 
 
 def ensure_nats_passwords(path: Path, users: Iterable[str]) -> dict[str, str]:

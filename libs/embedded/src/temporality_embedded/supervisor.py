@@ -28,6 +28,7 @@ Every child is polled (``Popen.poll``), so a dead one is reaped at once: no zomb
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import signal
 import socket
@@ -216,6 +217,8 @@ class _Child:
     failed_probes: int = 0
     failing_since: float = 0.0
     hung: bool = False
+    #: the probe under way in the supervisor's probe threads (its answer, the pid asked, when it was sent)
+    probe: tuple[concurrent.futures.Future[str | None], int | None, float] | None = None
 
 
 class Supervisor:
@@ -242,6 +245,27 @@ class Supervisor:
         self.nats: _Child | None = None
         if stack.config.nats_url is None:  # the embedded server is ours to watch
             self.nats = _Child(NATS_LABEL, CrashTracker(self.policy, clock))
+        #: the probes (a service's /healthz, nats-server's greeting) run here, all at once, never in :meth:`check`:
+        #: a slow answer (a loaded machine, a hung child: up to the probe's timeout) does not delay a crash's
+        #: restart or another child's probe
+        self._probes = concurrent.futures.ThreadPoolExecutor(
+            max_workers=len(self.children) + 1, thread_name_prefix="temporality-probe"
+        )
+
+    def close(self) -> None:
+        """Stop the probe threads (a probe under way ends within its timeout; its answer is dropped)."""
+        self._probes.shutdown(wait=False, cancel_futures=True)
+
+    def _probe_answer(self, child: _Child, pid: int | None) -> tuple[str | None, float] | None:
+        """The answer of ``child``'s probe of its process ``pid`` and when it was sent, once it came; ``None``
+        while it is under way or when there is none. A probe of another process (restarted since) is dropped."""
+        if child.probe is None or not child.probe[0].done():
+            return None
+        future, probed, sent = child.probe
+        child.probe = None
+        if probed != pid or future.cancelled():
+            return None
+        return future.result(), sent
 
     def _service_labels(self) -> list[str]:
         return [p.label for ps in self.stack.replicas.values() for p in ps]
@@ -269,7 +293,10 @@ class Supervisor:
                 if process.proc is not None and process.proc.returncode == 0:
                     return self._service_stopped(child, process)
                 return self._service_crashed(child, process, "exited unexpectedly")
-            if now >= child.next_probe:
+            answer = self._probe_answer(child, process.pid)
+            if answer is not None:
+                self._service_answered(child, process, *answer)
+            if now >= child.next_probe and child.probe is None:
                 self._probe_service(child, process, now)
         elif child.state is _State.waiting:
             nats_down = self.nats is not None and self.nats.state is _State.waiting
@@ -300,14 +327,20 @@ class Supervisor:
         return None
 
     def _probe_service(self, child: _Child, process: ServiceProcess, now: float) -> None:
-        """Ask the running service for its ``/healthz``; say once when it stopped answering though it has not
-        exited (SIGSTOP, a deadlock, swapping: its pid is alive, so nothing else here notices), and when it is back.
-        It is not restarted: the message says how to have ``up`` restart it."""
+        """Ask the running service for its ``/healthz``, in a probe thread (:meth:`_service_answered` takes the
+        answer on a later :meth:`check`)."""
         url = _loopback(process.url) or child.url
         child.next_probe = now + self.policy.service_probe_every_s
         if url is None:  # (a worker without a port: nothing to ask)
             return
-        why = liveness(url, self.policy.service_probe_timeout_s)
+        future = self._probes.submit(liveness, url, self.policy.service_probe_timeout_s)
+        child.probe = (future, process.pid, now)
+
+    def _service_answered(self, child: _Child, process: ServiceProcess, why: str | None, sent: float) -> None:
+        """The answer of a ``/healthz`` probe sent at ``sent``: say once when the service stopped answering though it
+        has not exited (SIGSTOP, a deadlock, swapping: its pid is alive, so nothing else here notices), and when it is
+        back. It is not restarted: the message says how to have ``up`` restart it."""
+        now = self.clock()
         if why is None:
             if child.hung:
                 self.out(
@@ -317,7 +350,7 @@ class Supervisor:
             child.failed_probes, child.hung = 0, False
             return
         if child.failed_probes == 0:
-            child.failing_since = now
+            child.failing_since = sent
         child.failed_probes += 1
         if child.failed_probes >= self.policy.service_hung_after and not child.hung:
             child.hung = True
@@ -399,19 +432,26 @@ class Supervisor:
     # -- nats-server
 
     def _probe_nats(self, child: _Child, now: float) -> None:
-        """Ask the running nats-server for its greeting; say once when it stopped answering though it has not
-        exited (the services then fail their requests and report not ready, but nothing exits), and when it is
+        """Ask the running nats-server for its greeting, in a probe thread (:meth:`_nats_answered` takes the answer
+        on a later :meth:`check`)."""
+        nats = self.stack.nats
+        child.next_probe = now + self.policy.nats_probe_every_s
+        future = self._probes.submit(greeting_problem, nats.port, self.policy.nats_probe_timeout_s)
+        child.probe = (future, nats.pid, now)
+
+    def _nats_answered(self, child: _Child, why: str | None, sent: float) -> None:
+        """The answer of a greeting probe sent at ``sent``: say once when nats-server stopped answering though it has
+        not exited (the services then fail their requests and report not ready, but nothing exits), and when it is
         back."""
         nats = self.stack.nats
-        why = greeting_problem(nats.port, self.policy.nats_probe_timeout_s)
-        child.next_probe = self.clock() + self.policy.nats_probe_every_s
+        now = self.clock()
         if why is None:
             if child.hung:
                 self.out(f"{NATS_LABEL} answers again (pid {nats.pid}); the services reconnect on their own")
             child.failed_probes, child.hung = 0, False
             return
         if child.failed_probes == 0:
-            child.failing_since = now
+            child.failing_since = sent
         child.failed_probes += 1
         if child.failed_probes >= self.policy.nats_hung_after and not child.hung:
             child.hung = True
@@ -440,7 +480,10 @@ class Supervisor:
                 return self._schedule_nats(child, child.tracker.crashed())
             if child.state is _State.reconnecting:
                 return self._check_reconnected(child, now)
-            if now >= child.next_probe:
+            answer = self._probe_answer(child, self.stack.nats.pid)
+            if answer is not None:
+                self._nats_answered(child, *answer)
+            if now >= child.next_probe and child.probe is None:
                 self._probe_nats(child, now)
         elif child.state is _State.waiting and now >= child.due:
             self._mark_restart(child, nats.log_file)

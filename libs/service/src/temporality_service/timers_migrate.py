@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from temporality_bus import Bus, NatsSettings
 from temporality_bus.errors import TransientError
 from temporality_bus.timers import LegacyMigration, migrate_legacy_timers
-from temporality_protocol.permissions import TIMERS_MIGRATION_USER
+from temporality_protocol.permissions import TIMERS_MIGRATION_USER, service_inbox
 from temporality_service.logs import configure_logging
 from temporality_service.settings import LogSettings
 
@@ -45,7 +45,10 @@ def migrate(settings: NatsSettings) -> LegacyMigration | None:
 
     async def moved() -> LegacyMigration | None:
         try:
-            async with Bus.connect(settings, name=TIMERS_MIGRATION_USER) as bus:
+            # its replies below _INBOX.timers-migrate, the only inbox its user may read; not the user name's default:
+            # with a credentials or nkey seed file there is no user name (the inbox would be plain _INBOX)
+            inbox = service_inbox(TIMERS_MIGRATION_USER)
+            async with Bus.connect(settings, name=TIMERS_MIGRATION_USER, inbox_prefix=inbox) as bus:
                 return await migrate_legacy_timers(bus)
         except (nats.errors.Error, OSError, TimeoutError) as exc:
             raise TransientError(

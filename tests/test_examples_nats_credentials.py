@@ -24,7 +24,7 @@ import pytest
 from temporality_bus import Bus, NatsSettings
 from temporality_embedded.natsserver import NatsServer
 from temporality_protocol.catalog import EVENTS_STREAM
-from temporality_testing.nats_auth import NkeyUser, OperatorSetup, nkey_user
+from temporality_testing.nats_auth import NkeyUser, OperatorSetup, nkey_auth_config, nkey_user
 
 ROOT = Path(__file__).resolve().parents[1]
 SUBSCRIBER = ROOT / "examples" / "journal-subscriber" / "subscriber.py"
@@ -56,10 +56,7 @@ def nkey_client(tmp_path: Path) -> NkeyUser:
 
 @pytest.fixture
 def nkey_server(tmp_path: Path, nkey_client: NkeyUser) -> Iterator[NatsServer]:
-    config = tmp_path / "nkey-nats.conf"
-    config.write_text(
-        "authorization: " + json.dumps({"users": [{"nkey": nkey_client.public_key}]}) + "\n", encoding="utf-8"
-    )
+    config = nkey_auth_config(tmp_path / "nkey-nats.conf", [(nkey_client, None)])
     server = NatsServer(tmp_path / "nkey-nats", config_file=config)
     server.start()
     try:

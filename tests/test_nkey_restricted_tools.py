@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import json
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ from temporality_bus import Bus, NatsSettings
 from temporality_embedded import NatsServer, dlq
 from temporality_protocol.catalog import DLQ_STREAM, EVENTS_STREAM
 from temporality_protocol.permissions import TIMERS_MIGRATION_USER, Permissions, timers_migration_permissions
-from temporality_testing.nats_auth import NkeyUser, nkey_user
+from temporality_testing.nats_auth import NkeyUser, nkey_auth_config, nkey_user
 
 SEED = "TEMPORALITY_NATS_NKEY_SEED_FILE"
 
@@ -25,15 +24,10 @@ SEED = "TEMPORALITY_NATS_NKEY_SEED_FILE"
 def _nkey_server(root: Path, users: dict[str, tuple[NkeyUser, Permissions | None]]) -> NatsServer:
     """A nats-server on ``root`` whose users are known by their public nkeys only, each with its permissions
     (``None``: full access)."""
-    entries: list[dict[str, object]] = []
-    for user, permissions in users.values():
-        entry: dict[str, object] = {"nkey": user.public_key}
-        if permissions is not None:
-            entry["permissions"] = permissions.as_config()
-        entries.append(entry)
-    root.mkdir(parents=True, exist_ok=True)
-    config = root / "nkey-auth.conf"
-    config.write_text("authorization: " + json.dumps({"users": entries}) + "\n", encoding="utf-8")
+    config = nkey_auth_config(
+        root / "nkey-auth.conf",
+        [(user, None if permissions is None else permissions.as_config()) for user, permissions in users.values()],
+    )
     return NatsServer(root, config_file=config)
 
 

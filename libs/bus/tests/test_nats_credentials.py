@@ -23,7 +23,7 @@ from temporality_bus import Bus, NatsSettings
 from temporality_embedded import NatsServer, dlq
 from temporality_embedded.cli import build_parser
 from temporality_protocol.catalog import DLQ_STREAM, EVENTS_STREAM
-from temporality_testing.nats_auth import NkeyUser, OperatorSetup, new_keypair, nkey_user
+from temporality_testing.nats_auth import NkeyUser, OperatorSetup, new_keypair, nkey_auth_config, nkey_user
 
 CREDS = "TEMPORALITY_NATS_CREDS_FILE"
 SEED = "TEMPORALITY_NATS_NKEY_SEED_FILE"
@@ -53,10 +53,7 @@ def nkey_service(tmp_path: Path) -> NkeyUser:
 @pytest.fixture
 def nkey_server(tmp_path: Path, nkey_service: NkeyUser) -> Iterator[NatsServer]:
     """A nats-server whose one user is known by its public nkey."""
-    config = tmp_path / "nkey-nats.conf"
-    config.write_text(
-        "authorization: " + json.dumps({"users": [{"nkey": nkey_service.public_key}]}) + "\n", encoding="utf-8"
-    )
+    config = nkey_auth_config(tmp_path / "nkey-nats.conf", [(nkey_service, None)])
     server = NatsServer(tmp_path / "nkey-nats", config_file=config)
     server.start()
     try:

@@ -20,7 +20,7 @@ from typing import Any
 
 import nkeys  # type: ignore[import-untyped]
 
-__all__ = ["NkeyUser", "OperatorSetup", "creds_text", "new_keypair", "nkey_user"]
+__all__ = ["NkeyUser", "OperatorSetup", "creds_text", "new_keypair", "nkey_auth_config", "nkey_user"]
 
 #: An account's limits: none, and JetStream on (``-1``: unlimited), as ``nsc edit account --js-enable 1`` gives.
 _ACCOUNT_LIMITS: dict[str, Any] = {
@@ -138,3 +138,17 @@ class OperatorSetup:
         path.write_text(creds_text(user_jwt, bytes(user.seed).decode()), encoding="utf-8")
         path.chmod(0o600)
         return path
+
+
+def nkey_auth_config(path: Path, users: list[tuple[NkeyUser, dict[str, Any] | None]]) -> Path:
+    """Write a nats-server config at ``path`` whose users are known by their public nkeys only, each with its
+    permissions block (``None``: full access); returns ``path``."""
+    entries: list[dict[str, Any]] = []
+    for user, permissions in users:
+        entry: dict[str, Any] = {"nkey": user.public_key}
+        if permissions is not None:
+            entry["permissions"] = permissions
+        entries.append(entry)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("authorization: " + json.dumps({"users": entries}) + "\n", encoding="utf-8")
+    return path
